@@ -1,0 +1,83 @@
+//! Dense tensors of values, for the interpreters and for checking generated code.
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::DType;
+
+/// A dense row-major tensor. Values are held as `f64`, always already rounded to `dtype`, so
+/// integer arithmetic stays exact and bf16/f16/f32 rounding is emulated faithfully.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TensorData {
+    pub shape: Vec<u64>,
+    pub dtype: DType,
+    pub data: Vec<f64>,
+}
+
+impl TensorData {
+    pub fn zeros(shape: Vec<u64>, dtype: DType) -> Self {
+        let n = shape.iter().product::<u64>() as usize;
+        TensorData {
+            shape,
+            dtype,
+            data: vec![0.0; n],
+        }
+    }
+
+    /// Deterministic pseudo-random values that the dtype holds exactly: small integers for
+    /// integer types (u8 in 0..=15, i8 in -8..=7), multiples of 1/8 in [-2, 2) for floats.
+    pub fn random(shape: Vec<u64>, dtype: DType, seed: u64) -> Self {
+        let mut t = Self::zeros(shape, dtype);
+        let mut rng = SplitMix64(seed ^ 0x9e37_79b9_7f4a_7c15);
+        for x in &mut t.data {
+            let r = rng.next() % 32;
+            *x = match dtype {
+                DType::U8 => (r % 16) as f64,
+                DType::I8 | DType::I32 => (r % 16) as f64 - 8.0,
+                _ => (r as f64 - 16.0) / 8.0,
+            };
+        }
+        t
+    }
+
+    /// Row-major offset of an in-bounds index.
+    pub fn offset(&self, index: &[i64]) -> Option<usize> {
+        if index.len() != self.shape.len() {
+            return None;
+        }
+        let mut off = 0usize;
+        for (&i, &n) in index.iter().zip(&self.shape) {
+            if i < 0 || i as u64 >= n {
+                return None;
+            }
+            off = off * n as usize + i as usize;
+        }
+        Some(off)
+    }
+
+    /// The value at `index`, or zero outside the bounds (padding semantics).
+    pub fn get_or_zero(&self, index: &[i64]) -> f64 {
+        self.offset(index).map_or(0.0, |o| self.data[o])
+    }
+
+    /// Largest absolute difference, scaled by the larger magnitude (at least 1).
+    pub fn max_relative_error(&self, other: &TensorData) -> f64 {
+        self.data
+            .iter()
+            .zip(&other.data)
+            .map(|(a, b)| (a - b).abs() / a.abs().max(b.abs()).max(1.0))
+            .fold(0.0, f64::max)
+    }
+}
+
+/// A tiny deterministic generator, so test data never depends on another crate's RNG.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}

@@ -1,0 +1,552 @@
+//! Whole networks as DAGs of tensor operators, and task extraction.
+//!
+//! Only the operators tessel tunes (convolutions with groups = 1, dense layers, batched matmuls)
+//! are nodes; an edge means one layer's output flows (possibly through elementwise ops, pooling or
+//! normalisation that tessel does not tune) into another.
+//!
+//! ```
+//! use tessel_ir::{network, DType};
+//! let bert = network("bert-base-128", 1, DType::BF16).unwrap();
+//! let gmacs = bert.macs() as f64 / 1e9;
+//! assert!((gmacs - 11.2).abs() < 0.3);
+//! ```
+
+use petgraph::graph::{DiGraph, NodeIndex};
+use serde::Serialize;
+
+use crate::dtype::DType;
+use crate::error::NetworkError;
+use crate::workload::{Conv2d, ConvLayout, EpilogueSpec, Types, Workload};
+
+/// The networks tessel knows, with a one-line description each.
+pub const NETWORKS: &[(&str, &str)] = &[
+    (
+        "resnet50",
+        "ResNet-50 v1.5, 224x224, 53 convolutions and the classifier",
+    ),
+    (
+        "mobilenet-v2",
+        "MobileNet-V2 1.0, 224x224: its stem, pointwise and dense layers (depthwise layers are not groups=1 and are left out)",
+    ),
+    (
+        "bert-base-128",
+        "BERT-base encoder (12 layers), sequence length 128",
+    ),
+    (
+        "bert-base-512",
+        "BERT-base encoder (12 layers), sequence length 512",
+    ),
+    (
+        "vit-b16",
+        "ViT-B/16, 224x224 (197 tokens), encoder and classifier",
+    ),
+    (
+        "llama7b-prefill",
+        "one LLaMA-7B decoder layer, prefill of a 512-token prompt",
+    ),
+    (
+        "llama7b-decode",
+        "one LLaMA-7B decoder layer, decoding one token against a 512-token KV cache",
+    ),
+];
+
+/// One operator occurrence in a network.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Layer {
+    pub name: String,
+    pub workload: Workload,
+}
+
+/// A distinct workload of a network and how many times it occurs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Task {
+    pub workload: Workload,
+    pub weight: u64,
+}
+
+/// A network: a DAG of layers at one batch size.
+#[derive(Clone, Debug)]
+pub struct Network {
+    pub name: String,
+    pub batch: u64,
+    pub graph: DiGraph<Layer, ()>,
+}
+
+impl Network {
+    /// Layers in a topological order (the network is checked to be acyclic on construction).
+    pub fn layers(&self) -> Vec<&Layer> {
+        petgraph::algo::toposort(&self.graph, None)
+            .map(|order| order.into_iter().map(|n| &self.graph[n]).collect())
+            .unwrap_or_default()
+    }
+
+    /// Distinct workloads with their weights, in order of first appearance (TVM's task
+    /// extraction).
+    pub fn tasks(&self) -> Vec<Task> {
+        let mut tasks: Vec<Task> = Vec::new();
+        for layer in self.layers() {
+            match tasks.iter_mut().find(|t| t.workload == layer.workload) {
+                Some(t) => t.weight += 1,
+                None => tasks.push(Task {
+                    workload: layer.workload,
+                    weight: 1,
+                }),
+            }
+        }
+        tasks
+    }
+
+    pub fn macs(&self) -> u64 {
+        self.tasks()
+            .iter()
+            .map(|t| t.weight * t.workload.macs())
+            .sum()
+    }
+}
+
+/// Builds a network by name (see [`NETWORKS`]) at a batch size, with every operator in `dtype`.
+pub fn network(name: &str, batch: u64, dtype: DType) -> Result<Network, NetworkError> {
+    if batch == 0 {
+        return Err(NetworkError::ZeroBatch);
+    }
+    let mut b = Builder {
+        graph: DiGraph::new(),
+        types: Types::same(dtype),
+    };
+    match name {
+        "resnet50" => resnet50(&mut b, batch),
+        "mobilenet-v2" => mobilenet_v2(&mut b, batch),
+        "bert-base-128" => bert_base(&mut b, batch, 128),
+        "bert-base-512" => bert_base(&mut b, batch, 512),
+        "vit-b16" => vit_b16(&mut b, batch),
+        "llama7b-prefill" => llama7b_layer(&mut b, batch, 512, 512),
+        "llama7b-decode" => llama7b_layer(&mut b, batch, 1, 512),
+        _ => {
+            return Err(NetworkError::Unknown {
+                name: name.to_string(),
+                known: NETWORKS
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+    }
+    debug_assert!(!petgraph::algo::is_cyclic_directed(&b.graph));
+    Ok(Network {
+        name: name.to_string(),
+        batch,
+        graph: b.graph,
+    })
+}
+
+struct Builder {
+    graph: DiGraph<Layer, ()>,
+    types: Types,
+}
+
+impl Builder {
+    /// Adds a layer fed by `inputs`.
+    fn add(&mut self, name: String, w: Workload, inputs: &[NodeIndex]) -> NodeIndex {
+        let w = match w {
+            Workload::Gemm { m, n, k, .. } => Workload::Gemm {
+                m,
+                n,
+                k,
+                types: self.types,
+                epilogue: w.epilogue(),
+            },
+            Workload::Dense { m, n, k, .. } => Workload::Dense {
+                m,
+                n,
+                k,
+                types: self.types,
+                epilogue: w.epilogue(),
+            },
+            Workload::Bmm { b, m, n, k, .. } => Workload::Bmm {
+                b,
+                m,
+                n,
+                k,
+                types: self.types,
+                epilogue: w.epilogue(),
+            },
+            Workload::Conv2d { conv, .. } => Workload::Conv2d {
+                conv,
+                types: self.types,
+                epilogue: w.epilogue(),
+            },
+        };
+        let node = self.graph.add_node(Layer { name, workload: w });
+        for &i in inputs {
+            self.graph.add_edge(i, node, ());
+        }
+        node
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn conv(
+        &mut self,
+        name: String,
+        (n, h, w, c): (u64, u64, u64, u64),
+        k: u64,
+        r: u64,
+        stride: u64,
+        pad: u64,
+        epilogue: EpilogueSpec,
+        inputs: &[NodeIndex],
+    ) -> (NodeIndex, u64) {
+        let conv = Conv2d {
+            n,
+            h,
+            w,
+            c,
+            k,
+            r,
+            s: r,
+            stride,
+            pad,
+            dilation: 1,
+            layout: ConvLayout::Nhwc,
+        };
+        let out = conv.output_hw().map_or(1, |(p, _)| p);
+        let wl = Workload::Conv2d {
+            conv,
+            types: self.types,
+            epilogue,
+        };
+        (self.add(name, wl, inputs), out)
+    }
+
+    fn dense(
+        &mut self,
+        name: String,
+        m: u64,
+        n: u64,
+        k: u64,
+        epilogue: EpilogueSpec,
+        inputs: &[NodeIndex],
+    ) -> NodeIndex {
+        let w = Workload::dense(m, n, k, self.types.dtype).with_epilogue(epilogue);
+        self.add(name, w, inputs)
+    }
+}
+
+const BIAS: EpilogueSpec = EpilogueSpec {
+    bias: true,
+    relu: false,
+    out: None,
+};
+const BIAS_RELU: EpilogueSpec = EpilogueSpec {
+    bias: true,
+    relu: true,
+    out: None,
+};
+const NONE: EpilogueSpec = EpilogueSpec {
+    bias: false,
+    relu: false,
+    out: None,
+};
+
+/// ResNet-50 v1.5 (stride on the 3x3 convolution), batch-norm folded into a bias.
+fn resnet50(b: &mut Builder, n: u64) {
+    let (stem, _) = b.conv(
+        "conv1".into(),
+        (n, 224, 224, 3),
+        64,
+        7,
+        2,
+        3,
+        BIAS_RELU,
+        &[],
+    );
+    // 3x3/2 max pooling: 112 -> 56.
+    let mut x = stem;
+    let (mut hw, mut c) = (56, 64);
+    for (stage, &(blocks, width, stride)) in [(3, 64, 1), (4, 128, 2), (6, 256, 2), (3, 512, 2)]
+        .iter()
+        .enumerate()
+    {
+        let out_c = width * 4;
+        for blk in 0..blocks {
+            let s = if blk == 0 { stride } else { 1 };
+            let p = format!("layer{}.{}", stage + 1, blk);
+            let (a, _) = b.conv(
+                format!("{p}.conv1"),
+                (n, hw, hw, c),
+                width,
+                1,
+                1,
+                0,
+                BIAS_RELU,
+                &[x],
+            );
+            let (m, out_hw) = b.conv(
+                format!("{p}.conv2"),
+                (n, hw, hw, width),
+                width,
+                3,
+                s,
+                1,
+                BIAS_RELU,
+                &[a],
+            );
+            let (z, _) = b.conv(
+                format!("{p}.conv3"),
+                (n, out_hw, out_hw, width),
+                out_c,
+                1,
+                1,
+                0,
+                BIAS,
+                &[m],
+            );
+            if blk == 0 {
+                let (d, _) = b.conv(
+                    format!("{p}.downsample"),
+                    (n, hw, hw, c),
+                    out_c,
+                    1,
+                    s,
+                    0,
+                    BIAS,
+                    &[x],
+                );
+                b.graph.add_edge(d, z, ());
+            } else {
+                b.graph.add_edge(x, z, ());
+            }
+            x = z;
+            hw = out_hw;
+            c = out_c;
+        }
+    }
+    b.dense("fc".into(), n, 1000, 2048, BIAS, &[x]);
+}
+
+/// MobileNet-V2's inverted-residual settings: (expansion t, channels c, repeats n, stride s).
+pub const MOBILENET_V2_BLOCKS: [(u64, u64, u64, u64); 7] = [
+    (1, 16, 1, 1),
+    (6, 24, 2, 2),
+    (6, 32, 3, 2),
+    (6, 64, 4, 2),
+    (6, 96, 3, 1),
+    (6, 160, 3, 2),
+    (6, 320, 1, 1),
+];
+
+fn mobilenet_v2(b: &mut Builder, n: u64) {
+    let (mut x, mut hw) = b.conv("stem".into(), (n, 224, 224, 3), 32, 3, 2, 1, BIAS_RELU, &[]);
+    let mut c = 32;
+    for (i, &(t, out_c, repeats, stride)) in MOBILENET_V2_BLOCKS.iter().enumerate() {
+        for r in 0..repeats {
+            let s = if r == 0 { stride } else { 1 };
+            let p = format!("block{i}.{r}");
+            let hidden = c * t;
+            let mut y = x;
+            if t != 1 {
+                (y, _) = b.conv(
+                    format!("{p}.expand"),
+                    (n, hw, hw, c),
+                    hidden,
+                    1,
+                    1,
+                    0,
+                    BIAS_RELU,
+                    &[x],
+                );
+            }
+            // The depthwise 3x3 (stride s) sits here; it only changes the resolution.
+            let out_hw = (hw + 2 - 3) / s + 1;
+            let (z, _) = b.conv(
+                format!("{p}.project"),
+                (n, out_hw, out_hw, hidden),
+                out_c,
+                1,
+                1,
+                0,
+                BIAS,
+                &[y],
+            );
+            if s == 1 && c == out_c {
+                b.graph.add_edge(x, z, ());
+            }
+            x = z;
+            hw = out_hw;
+            c = out_c;
+        }
+    }
+    let (head, _) = b.conv(
+        "head".into(),
+        (n, hw, hw, c),
+        1280,
+        1,
+        1,
+        0,
+        BIAS_RELU,
+        &[x],
+    );
+    b.dense("classifier".into(), n, 1000, 1280, BIAS, &[head]);
+}
+
+/// A transformer encoder layer stack (BERT, ViT): `tokens` per sequence, `layers` layers.
+fn encoder(
+    b: &mut Builder,
+    prefix: &str,
+    batch: u64,
+    tokens: u64,
+    input: Option<NodeIndex>,
+) -> NodeIndex {
+    let (d, heads, ffn, layers) = (768, 12, 3072, 12);
+    let hd = d / heads;
+    let m = batch * tokens;
+    let mut x: Vec<NodeIndex> = input.into_iter().collect();
+    for l in 0..layers {
+        let p = format!("{prefix}.{l}");
+        let q = b.dense(format!("{p}.query"), m, d, d, BIAS, &x);
+        let k = b.dense(format!("{p}.key"), m, d, d, BIAS, &x);
+        let v = b.dense(format!("{p}.value"), m, d, d, BIAS, &x);
+        let scores = b.add(
+            format!("{p}.scores"),
+            Workload::bmm(batch * heads, tokens, tokens, hd, b.types.dtype),
+            &[q, k],
+        );
+        let ctx = b.add(
+            format!("{p}.context"),
+            Workload::bmm(batch * heads, tokens, hd, tokens, b.types.dtype),
+            &[scores, v],
+        );
+        let o = b.dense(format!("{p}.output"), m, d, d, BIAS, &[ctx]);
+        let f1 = b.dense(format!("{p}.ffn1"), m, ffn, d, BIAS, &[o]);
+        let f2 = b.dense(format!("{p}.ffn2"), m, d, ffn, BIAS, &[f1]);
+        x = vec![f2];
+    }
+    x[0]
+}
+
+fn bert_base(b: &mut Builder, batch: u64, seq: u64) {
+    encoder(b, "encoder", batch, seq, None);
+}
+
+fn vit_b16(b: &mut Builder, batch: u64) {
+    let (patch, _) = b.conv(
+        "patch_embed".into(),
+        (batch, 224, 224, 3),
+        768,
+        16,
+        16,
+        0,
+        BIAS,
+        &[],
+    );
+    let last = encoder(b, "encoder", batch, 197, Some(patch));
+    b.dense("head".into(), batch, 1000, 768, BIAS, &[last]);
+}
+
+/// One LLaMA-7B decoder layer: `new_tokens` per sequence attending to `context` positions.
+fn llama7b_layer(b: &mut Builder, batch: u64, new_tokens: u64, context: u64) {
+    let (d, heads, ffn) = (4096, 32, 11008);
+    let hd = d / heads;
+    let m = batch * new_tokens;
+    let q = b.dense("q_proj".into(), m, d, d, NONE, &[]);
+    let k = b.dense("k_proj".into(), m, d, d, NONE, &[]);
+    let v = b.dense("v_proj".into(), m, d, d, NONE, &[]);
+    let dt = b.types.dtype;
+    let scores = b.add(
+        "scores".into(),
+        Workload::bmm(batch * heads, new_tokens, context, hd, dt),
+        &[q, k],
+    );
+    let ctx = b.add(
+        "context".into(),
+        Workload::bmm(batch * heads, new_tokens, hd, context, dt),
+        &[scores, v],
+    );
+    let o = b.dense("o_proj".into(), m, d, d, NONE, &[ctx]);
+    let gate = b.dense("gate_proj".into(), m, ffn, d, NONE, &[o]);
+    let up = b.dense("up_proj".into(), m, ffn, d, NONE, &[o]);
+    b.dense("down_proj".into(), m, d, ffn, NONE, &[gate, up]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gmacs(name: &str, batch: u64) -> f64 {
+        network(name, batch, DType::BF16).unwrap().macs() as f64 / 1e9
+    }
+
+    #[test]
+    fn resnet50_is_about_4_1_gmacs() {
+        // torchvision's ResNet-50 (v1.5): 4.09 GMACs at batch 1.
+        let g = gmacs("resnet50", 1);
+        assert!((g - 4.09).abs() < 0.05, "{g}");
+        let net = network("resnet50", 1, DType::BF16).unwrap();
+        assert_eq!(net.graph.node_count(), 54);
+        assert!(
+            net.tasks().len() < 54,
+            "repeated layers merge into weighted tasks"
+        );
+        assert!((gmacs("resnet50", 8) - 8.0 * g).abs() < 1e-6);
+    }
+
+    #[test]
+    fn bert_base_is_about_11_gmacs_per_sequence() {
+        let g = gmacs("bert-base-128", 1);
+        assert!((g - 11.17).abs() < 0.1, "{g}");
+        let tasks = network("bert-base-128", 1, DType::BF16).unwrap().tasks();
+        // query/key/value/output share one shape: one task with weight 4 per layer.
+        let qkvo = tasks
+            .iter()
+            .find(|t| t.workload == Workload::dense(128, 768, 768, DType::BF16).with_epilogue(BIAS))
+            .unwrap();
+        assert_eq!(qkvo.weight, 48);
+        // Seq 512: the dense part grows 4x, attention 16x.
+        let g512 = gmacs("bert-base-512", 1);
+        assert!(
+            (g512 - (4.0 * (11.17 - 0.302) + 16.0 * 0.302)).abs() < 0.2,
+            "{g512}"
+        );
+    }
+
+    #[test]
+    fn vit_b16_is_about_17_6_gmacs() {
+        let g = gmacs("vit-b16", 1);
+        assert!((g - 17.56).abs() < 0.1, "{g}");
+    }
+
+    #[test]
+    fn mobilenet_v2_plus_depthwise_is_about_300_mmacs() {
+        // The depthwise layers we leave out: hidden channels x output pixels x 9.
+        let (mut hw, mut c, mut dw) = (112u64, 32u64, 0u64);
+        for &(t, out_c, repeats, stride) in &MOBILENET_V2_BLOCKS {
+            for r in 0..repeats {
+                let s = if r == 0 { stride } else { 1 };
+                let out_hw = (hw + 2 - 3) / s + 1;
+                dw += c * t * out_hw * out_hw * 9;
+                hw = out_hw;
+                c = out_c;
+            }
+        }
+        let total = gmacs("mobilenet-v2", 1) * 1e3 + dw as f64 / 1e6;
+        assert!((total - 300.0).abs() < 9.0, "{total}");
+    }
+
+    #[test]
+    fn llama_layer_matches_its_parameter_count() {
+        // 4 x 4096^2 + 3 x 4096 x 11008 = 202.4M weights: one MAC each per token.
+        let params = 4.0 * 4096.0 * 4096.0 + 3.0 * 4096.0 * 11008.0;
+        let attention_decode = 2.0 * 32.0 * 512.0 * 128.0;
+        let g = gmacs("llama7b-decode", 1) * 1e9;
+        assert!((g - params - attention_decode).abs() < 1.0);
+        let p = gmacs("llama7b-prefill", 1) * 1e9;
+        assert!((p - 512.0 * params - 512.0 * attention_decode).abs() < 1.0);
+    }
+
+    #[test]
+    fn unknown_networks_are_named() {
+        let err = network("resnet51", 1, DType::BF16).unwrap_err().to_string();
+        assert!(err.contains("resnet51") && err.contains("resnet50"));
+        assert!(network("resnet50", 0, DType::BF16).is_err());
+    }
+}

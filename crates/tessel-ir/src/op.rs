@@ -1,0 +1,495 @@
+//! Operators: iteration variables, affine accesses and [`ComputeOp`].
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::data::TensorData;
+use crate::dtype::DType;
+use crate::error::{ExecError, OpError};
+
+/// Whether an iteration variable indexes the output (spatial) or is summed over (reduction).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IterKind {
+    Spatial,
+    Reduction,
+}
+
+/// One loop of an operator's iteration space.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct IterVar {
+    pub name: String,
+    pub extent: u64,
+    pub kind: IterKind,
+}
+
+impl IterVar {
+    pub fn spatial(name: &str, extent: u64) -> Self {
+        IterVar {
+            name: name.to_string(),
+            extent,
+            kind: IterKind::Spatial,
+        }
+    }
+
+    pub fn reduction(name: &str, extent: u64) -> Self {
+        IterVar {
+            name: name.to_string(),
+            extent,
+            kind: IterKind::Reduction,
+        }
+    }
+}
+
+/// A tensor declaration. `layout` names the dimensions in storage order, one letter each
+/// (`"mk"`, `"nhwc"`, `"krsc"`), for people and for layout-aware passes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TensorDecl {
+    pub name: String,
+    pub shape: Vec<u64>,
+    pub dtype: DType,
+    pub layout: String,
+}
+
+impl TensorDecl {
+    pub fn new(name: &str, shape: Vec<u64>, dtype: DType, layout: &str) -> Self {
+        TensorDecl {
+            name: name.to_string(),
+            shape,
+            dtype,
+            layout: layout.to_string(),
+        }
+    }
+
+    pub fn elements(&self) -> u64 {
+        self.shape.iter().product()
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.elements() * self.dtype.bytes() as u64
+    }
+}
+
+/// `sum(coeff * var) + constant`, over the iteration variables of one operator (by index).
+///
+/// Strides (`2*h`), dilation (`2*r`) and padding offsets (`h + r - 1`) are all affine.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct AffineExpr {
+    pub terms: Vec<(usize, i64)>,
+    pub constant: i64,
+}
+
+impl AffineExpr {
+    /// The expression `var`.
+    pub fn var(var: usize) -> Self {
+        AffineExpr {
+            terms: vec![(var, 1)],
+            constant: 0,
+        }
+    }
+
+    /// Builds from `(var, coeff)` pairs and a constant, dropping zero coefficients.
+    pub fn new(terms: &[(usize, i64)], constant: i64) -> Self {
+        AffineExpr {
+            terms: terms.iter().copied().filter(|&(_, c)| c != 0).collect(),
+            constant,
+        }
+    }
+
+    pub fn coeff(&self, var: usize) -> i64 {
+        self.terms
+            .iter()
+            .filter(|(v, _)| *v == var)
+            .map(|(_, c)| c)
+            .sum()
+    }
+
+    pub fn depends_on(&self, var: usize) -> bool {
+        self.coeff(var) != 0
+    }
+
+    pub fn eval(&self, values: &[i64]) -> i64 {
+        self.terms.iter().map(|&(v, c)| c * values[v]).sum::<i64>() + self.constant
+    }
+
+    /// Formats with the operator's variable names, e.g. `h*2 + r - 1`.
+    pub fn display<'a>(&'a self, vars: &'a [IterVar]) -> impl fmt::Display + 'a {
+        DisplayAffine { expr: self, vars }
+    }
+}
+
+struct DisplayAffine<'a> {
+    expr: &'a AffineExpr,
+    vars: &'a [IterVar],
+}
+
+impl fmt::Display for DisplayAffine<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        for &(v, c) in &self.expr.terms {
+            let name = self.vars.get(v).map_or("?", |iv| iv.name.as_str());
+            let sign = if c < 0 { "-" } else { "+" };
+            if !first {
+                write!(f, " {sign} ")?;
+            } else if c < 0 {
+                f.write_str("-")?;
+            }
+            if c.abs() == 1 {
+                write!(f, "{name}")?;
+            } else {
+                write!(f, "{name}*{}", c.abs())?;
+            }
+            first = false;
+        }
+        if first {
+            write!(f, "{}", self.expr.constant)
+        } else if self.expr.constant > 0 {
+            write!(f, " + {}", self.expr.constant)
+        } else if self.expr.constant < 0 {
+            write!(f, " - {}", -self.expr.constant)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// A tensor read or written at affine indices. Reads outside the tensor's bounds give zero:
+/// that is how convolution padding is expressed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Operand {
+    pub tensor: TensorDecl,
+    pub indices: Vec<AffineExpr>,
+}
+
+impl Operand {
+    pub fn depends_on(&self, var: usize) -> bool {
+        self.indices.iter().any(|e| e.depends_on(var))
+    }
+}
+
+/// An elementwise step applied to each accumulated output value, in order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Epilogue {
+    /// Adds a value read at spatial indices (a per-channel bias), in the accumulator type.
+    Bias(Operand),
+    Relu,
+    /// Rounds to a narrower type (the output's).
+    Cast(DType),
+}
+
+/// `out[s] (+)= sum over reduction vars of prod(inputs[i][access_i])`, accumulated in
+/// `accumulator`, then passed through `epilogue` and stored as the output's dtype.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ComputeOp {
+    pub name: String,
+    pub iter_vars: Vec<IterVar>,
+    pub inputs: Vec<Operand>,
+    pub output: Operand,
+    pub accumulator: DType,
+    pub epilogue: Vec<Epilogue>,
+}
+
+impl ComputeOp {
+    /// Checks that the parts fit: unique names, in-range variables, ranks that match shapes, an
+    /// output indexed by exactly the spatial variables, each once.
+    pub fn validate(&self) -> Result<(), OpError> {
+        let bad = |reason: String| OpError::Invalid {
+            op: self.name.clone(),
+            reason,
+        };
+        if self.iter_vars.is_empty() {
+            return Err(bad("no iteration variables".into()));
+        }
+        for (i, v) in self.iter_vars.iter().enumerate() {
+            if v.extent == 0 {
+                return Err(bad(format!("iteration variable `{}` has extent 0", v.name)));
+            }
+            if self.iter_vars[..i].iter().any(|w| w.name == v.name) {
+                return Err(bad(format!(
+                    "iteration variable `{}` declared twice",
+                    v.name
+                )));
+            }
+        }
+        if self.inputs.is_empty() {
+            return Err(bad("no input operands".into()));
+        }
+        let mut operands: Vec<&Operand> = self.inputs.iter().collect();
+        operands.push(&self.output);
+        for e in &self.epilogue {
+            if let Epilogue::Bias(b) = e {
+                operands.push(b);
+            }
+        }
+        for o in &operands {
+            if o.tensor.shape.len() != o.indices.len() {
+                return Err(bad(format!(
+                    "tensor `{}` has rank {} but is accessed with {} indices",
+                    o.tensor.name,
+                    o.tensor.shape.len(),
+                    o.indices.len()
+                )));
+            }
+            if o.tensor.shape.contains(&0) {
+                return Err(bad(format!(
+                    "tensor `{}` has a zero dimension",
+                    o.tensor.name
+                )));
+            }
+            for e in &o.indices {
+                if let Some((v, _)) = e.terms.iter().find(|(v, _)| *v >= self.iter_vars.len()) {
+                    return Err(bad(format!(
+                        "tensor `{}` uses undeclared variable #{v}",
+                        o.tensor.name
+                    )));
+                }
+            }
+        }
+        // The output is indexed by each spatial variable exactly once, unit stride.
+        let mut seen = vec![false; self.iter_vars.len()];
+        for (d, e) in self.output.indices.iter().enumerate() {
+            let single = e.terms.len() == 1 && e.terms[0].1 == 1 && e.constant == 0;
+            if !single {
+                return Err(bad(format!(
+                    "output index {d} must be a single iteration variable"
+                )));
+            }
+            let v = e.terms[0].0;
+            if self.iter_vars[v].kind != IterKind::Spatial || seen[v] {
+                return Err(bad(format!(
+                    "output index {d} must be a distinct spatial variable"
+                )));
+            }
+            if self.output.tensor.shape[d] != self.iter_vars[v].extent {
+                return Err(bad(format!(
+                    "output dimension {d} is {} but `{}` has extent {}",
+                    self.output.tensor.shape[d], self.iter_vars[v].name, self.iter_vars[v].extent
+                )));
+            }
+            seen[v] = true;
+        }
+        for (v, iv) in self.iter_vars.iter().enumerate() {
+            if iv.kind == IterKind::Spatial && !seen[v] {
+                return Err(bad(format!(
+                    "spatial variable `{}` does not index the output",
+                    iv.name
+                )));
+            }
+        }
+        for e in &self.epilogue {
+            if let Epilogue::Bias(b) = e
+                && b.indices
+                    .iter()
+                    .flat_map(|e| &e.terms)
+                    .any(|&(v, _)| self.iter_vars[v].kind == IterKind::Reduction)
+            {
+                return Err(bad("bias may only use spatial variables".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Multiply-accumulates in the iteration space (padded positions included, as published
+    /// FLOP counts do).
+    pub fn macs(&self) -> u64 {
+        self.iter_vars.iter().map(|v| v.extent).product()
+    }
+
+    /// Floating-point (or integer) operations: two per multiply-accumulate.
+    pub fn flops(&self) -> u64 {
+        2 * self.macs()
+    }
+
+    pub fn var_index(&self, name: &str) -> Option<usize> {
+        self.iter_vars.iter().position(|v| v.name == name)
+    }
+
+    pub fn spatial_vars(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.iter_vars.len()).filter(|&v| self.iter_vars[v].kind == IterKind::Spatial)
+    }
+
+    pub fn reduction_vars(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.iter_vars.len()).filter(|&v| self.iter_vars[v].kind == IterKind::Reduction)
+    }
+
+    /// Every tensor the operator reads, in order: inputs, then epilogue biases.
+    pub fn read_operands(&self) -> Vec<&Operand> {
+        let mut v: Vec<&Operand> = self.inputs.iter().collect();
+        for e in &self.epilogue {
+            if let Epilogue::Bias(b) = e {
+                v.push(b);
+            }
+        }
+        v
+    }
+
+    /// Checks that `inputs` match [`read_operands`](Self::read_operands) in number, shape and dtype.
+    pub fn check_inputs(&self, inputs: &[TensorData]) -> Result<(), ExecError> {
+        let expected = self.read_operands();
+        if expected.len() != inputs.len() {
+            return Err(ExecError::InputCount {
+                expected: expected.len(),
+                got: inputs.len(),
+            });
+        }
+        for (o, t) in expected.iter().zip(inputs) {
+            if o.tensor.shape != t.shape || o.tensor.dtype != t.dtype {
+                return Err(ExecError::InputShape {
+                    name: o.tensor.name.clone(),
+                    expected: o.tensor.shape.clone(),
+                    dtype: o.tensor.dtype,
+                    got: t.shape.clone(),
+                    got_dtype: t.dtype,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The naive definition, executed directly: the reference every lowered program must match.
+    ///
+    /// `inputs` are the [`read_operands`](Self::read_operands) in order.
+    pub fn reference(&self, inputs: &[TensorData]) -> Result<TensorData, ExecError> {
+        self.check_inputs(inputs)?;
+        let out = &self.output.tensor;
+        let mut acc = TensorData::zeros(out.shape.clone(), self.accumulator);
+        self.accumulate(&inputs[..self.inputs.len()], &mut acc)?;
+        let mut result = TensorData::zeros(out.shape.clone(), out.dtype);
+        let out_vars: Vec<usize> = self.output.indices.iter().map(|e| e.terms[0].0).collect();
+        let mut opoint = vec![0i64; out.shape.len()];
+        let mut full = vec![0i64; self.iter_vars.len()];
+        let biases = &inputs[self.inputs.len()..];
+        loop {
+            for (d, &v) in out_vars.iter().enumerate() {
+                full[v] = opoint[d];
+            }
+            let at = acc.offset(&opoint).ok_or_else(|| ExecError::OutOfBounds {
+                buffer: out.name.clone(),
+                index: opoint.clone(),
+            })?;
+            let v = self.apply_epilogue(acc.data[at], &full, |b, idx| {
+                biases.get(b).map_or(0.0, |t| t.get_or_zero(idx))
+            });
+            result.data[at] = out.dtype.round(v);
+            if !advance(&mut opoint, &out.shape) {
+                break;
+            }
+        }
+        Ok(result)
+    }
+
+    /// `acc[out] += prod(inputs)` over the whole iteration space, rounding to the accumulator
+    /// type after every addition; the semantics of a tensorized instruction on its tiles.
+    pub fn accumulate(&self, inputs: &[TensorData], acc: &mut TensorData) -> Result<(), ExecError> {
+        if inputs.len() != self.inputs.len() {
+            return Err(ExecError::InputCount {
+                expected: self.inputs.len(),
+                got: inputs.len(),
+            });
+        }
+        let extents: Vec<u64> = self.iter_vars.iter().map(|v| v.extent).collect();
+        let mut point = vec![0i64; extents.len()];
+        let mut idx = Vec::new();
+        loop {
+            let mut prod = 1.0;
+            for (o, t) in self.inputs.iter().zip(inputs) {
+                idx.clear();
+                idx.extend(o.indices.iter().map(|e| e.eval(&point)));
+                prod *= t.get_or_zero(&idx);
+            }
+            idx.clear();
+            idx.extend(self.output.indices.iter().map(|e| e.eval(&point)));
+            let at = acc.offset(&idx).ok_or_else(|| ExecError::OutOfBounds {
+                buffer: self.output.tensor.name.clone(),
+                index: idx.clone(),
+            })?;
+            acc.data[at] = self.accumulator.round(acc.data[at] + prod);
+            if !advance(&mut point, &extents) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies the epilogue to one accumulated value at iteration point `point` (spatial
+    /// variables set). `bias(i, index)` reads the `i`-th bias tensor.
+    pub fn apply_epilogue(
+        &self,
+        mut value: f64,
+        point: &[i64],
+        bias: impl Fn(usize, &[i64]) -> f64,
+    ) -> f64 {
+        let mut next_bias = 0;
+        for e in &self.epilogue {
+            match e {
+                Epilogue::Bias(b) => {
+                    let idx: Vec<i64> = b.indices.iter().map(|e| e.eval(point)).collect();
+                    value = self.accumulator.round(value + bias(next_bias, &idx));
+                    next_bias += 1;
+                }
+                Epilogue::Relu => value = value.max(0.0),
+                Epilogue::Cast(t) => value = t.round(value),
+            }
+        }
+        value
+    }
+}
+
+/// Odometer step over `extents`; false when it wraps around to all zeros.
+pub(crate) fn advance(point: &mut [i64], extents: &[u64]) -> bool {
+    for d in (0..point.len()).rev() {
+        point[d] += 1;
+        if (point[d] as u64) < extents[d] {
+            return true;
+        }
+        point[d] = 0;
+    }
+    false
+}
+
+impl fmt::Display for ComputeOp {
+    /// `C[m, n] += A[m, k] * B[k, n]` style, with extents and dtypes.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let access = |o: &Operand| {
+            let idx: Vec<String> = o
+                .indices
+                .iter()
+                .map(|e| e.display(&self.iter_vars).to_string())
+                .collect();
+            format!("{}[{}]", o.tensor.name, idx.join(", "))
+        };
+        let reads: Vec<String> = self.inputs.iter().map(access).collect();
+        write!(
+            f,
+            "{}: {} += {}",
+            self.name,
+            access(&self.output),
+            reads.join(" * ")
+        )?;
+        let list = |kind: IterKind| {
+            self.iter_vars
+                .iter()
+                .filter(|v| v.kind == kind)
+                .map(|v| format!("{}={}", v.name, v.extent))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        write!(
+            f,
+            " over ({}) reduce ({}) acc {}",
+            list(IterKind::Spatial),
+            list(IterKind::Reduction),
+            self.accumulator
+        )?;
+        for e in &self.epilogue {
+            match e {
+                Epilogue::Bias(b) => write!(f, " +bias({})", b.tensor.name)?,
+                Epilogue::Relu => write!(f, " relu")?,
+                Epilogue::Cast(t) => write!(f, " cast({t})")?,
+            }
+        }
+        Ok(())
+    }
+}

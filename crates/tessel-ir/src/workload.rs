@@ -1,0 +1,687 @@
+//! Workloads: the operators of real DNNs, their builders, and spec strings that round-trip.
+//!
+//! ```
+//! use tessel_ir::Workload;
+//! let w: Workload = "gemm:m=1024,n=1024,k=1024,dtype=bf16".parse().unwrap();
+//! assert_eq!(w.to_string(), "gemm:m=1024,n=1024,k=1024,dtype=bf16");
+//! assert_eq!(w.to_op().flops(), 2 * 1024 * 1024 * 1024);
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::DType;
+use crate::error::SpecError;
+use crate::op::{AffineExpr, ComputeOp, Epilogue, IterVar, Operand, TensorDecl};
+
+/// What happens to each output value after accumulation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct EpilogueSpec {
+    pub bias: bool,
+    pub relu: bool,
+    /// Output dtype when it differs from the accumulator's (e.g. bf16 out of an f32 accumulator).
+    pub out: Option<DType>,
+}
+
+/// Element types: `dtype` for the first operand (activations), `wdtype` for the second (weights).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Types {
+    pub dtype: DType,
+    pub wdtype: DType,
+}
+
+impl Types {
+    pub fn same(dtype: DType) -> Self {
+        Types {
+            dtype,
+            wdtype: dtype,
+        }
+    }
+
+    pub fn accumulator(&self) -> DType {
+        if self.dtype.is_float() && self.wdtype.is_float() {
+            DType::F32
+        } else {
+            DType::I32
+        }
+    }
+}
+
+/// Data layout of a 2-D convolution: activations NHWC with KRSC weights, or NCHW with KCRS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConvLayout {
+    Nhwc,
+    Nchw,
+}
+
+impl fmt::Display for ConvLayout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ConvLayout::Nhwc => "nhwc",
+            ConvLayout::Nchw => "nchw",
+        })
+    }
+}
+
+/// A 2-D convolution (groups = 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Conv2d {
+    pub n: u64,
+    pub h: u64,
+    pub w: u64,
+    pub c: u64,
+    pub k: u64,
+    pub r: u64,
+    pub s: u64,
+    pub stride: u64,
+    pub pad: u64,
+    pub dilation: u64,
+    pub layout: ConvLayout,
+}
+
+impl Conv2d {
+    /// Output height and width; `None` when the (dilated) kernel does not fit the padded input.
+    pub fn output_hw(&self) -> Option<(u64, u64)> {
+        let out = |x: u64, k: u64| {
+            let span = self.dilation * (k - 1) + 1;
+            (x + 2 * self.pad)
+                .checked_sub(span)
+                .map(|d| d / self.stride + 1)
+        };
+        Some((out(self.h, self.r)?, out(self.w, self.s)?))
+    }
+}
+
+/// One tensor operator of a DNN, at concrete sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Workload {
+    /// `C[m,n] = A[m,k] * B[k,n]`.
+    Gemm {
+        m: u64,
+        n: u64,
+        k: u64,
+        types: Types,
+        epilogue: EpilogueSpec,
+    },
+    /// A fully connected layer: `C[m,n] = A[m,k] * W[n,k]` (weights stored output-major).
+    Dense {
+        m: u64,
+        n: u64,
+        k: u64,
+        types: Types,
+        epilogue: EpilogueSpec,
+    },
+    /// `C[b,m,n] = A[b,m,k] * B[b,k,n]`.
+    Bmm {
+        b: u64,
+        m: u64,
+        n: u64,
+        k: u64,
+        types: Types,
+        epilogue: EpilogueSpec,
+    },
+    Conv2d {
+        conv: Conv2d,
+        types: Types,
+        epilogue: EpilogueSpec,
+    },
+}
+
+const KINDS: &str = "gemm, dense, bmm, conv2d";
+
+impl Workload {
+    pub fn gemm(m: u64, n: u64, k: u64, dtype: DType) -> Self {
+        Workload::Gemm {
+            m,
+            n,
+            k,
+            types: Types::same(dtype),
+            epilogue: EpilogueSpec::default(),
+        }
+    }
+
+    pub fn dense(m: u64, n: u64, k: u64, dtype: DType) -> Self {
+        Workload::Dense {
+            m,
+            n,
+            k,
+            types: Types::same(dtype),
+            epilogue: EpilogueSpec::default(),
+        }
+    }
+
+    pub fn bmm(b: u64, m: u64, n: u64, k: u64, dtype: DType) -> Self {
+        Workload::Bmm {
+            b,
+            m,
+            n,
+            k,
+            types: Types::same(dtype),
+            epilogue: EpilogueSpec::default(),
+        }
+    }
+
+    /// A convolution; fails when the kernel does not fit the padded input.
+    pub fn conv2d(conv: Conv2d, dtype: DType) -> Result<Self, SpecError> {
+        let w = Workload::Conv2d {
+            conv,
+            types: Types::same(dtype),
+            epilogue: EpilogueSpec::default(),
+        };
+        w.check()?;
+        Ok(w)
+    }
+
+    /// A 1x1 convolution, stride 1, no padding (MobileNet's and ResNet's pointwise layers).
+    pub fn pointwise_conv2d(n: u64, h: u64, w: u64, c: u64, k: u64, dtype: DType) -> Self {
+        Workload::Conv2d {
+            conv: Conv2d {
+                n,
+                h,
+                w,
+                c,
+                k,
+                r: 1,
+                s: 1,
+                stride: 1,
+                pad: 0,
+                dilation: 1,
+                layout: ConvLayout::Nhwc,
+            },
+            types: Types::same(dtype),
+            epilogue: EpilogueSpec::default(),
+        }
+    }
+
+    /// The same workload with another epilogue.
+    pub fn with_epilogue(mut self, e: EpilogueSpec) -> Self {
+        match &mut self {
+            Workload::Gemm { epilogue, .. }
+            | Workload::Dense { epilogue, .. }
+            | Workload::Bmm { epilogue, .. }
+            | Workload::Conv2d { epilogue, .. } => *epilogue = e,
+        }
+        self
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Workload::Gemm { .. } => "gemm",
+            Workload::Dense { .. } => "dense",
+            Workload::Bmm { .. } => "bmm",
+            Workload::Conv2d { .. } => "conv2d",
+        }
+    }
+
+    pub fn types(&self) -> Types {
+        match self {
+            Workload::Gemm { types, .. }
+            | Workload::Dense { types, .. }
+            | Workload::Bmm { types, .. }
+            | Workload::Conv2d { types, .. } => *types,
+        }
+    }
+
+    pub fn epilogue(&self) -> EpilogueSpec {
+        match self {
+            Workload::Gemm { epilogue, .. }
+            | Workload::Dense { epilogue, .. }
+            | Workload::Bmm { epilogue, .. }
+            | Workload::Conv2d { epilogue, .. } => *epilogue,
+        }
+    }
+
+    fn check(&self) -> Result<(), SpecError> {
+        if let Workload::Conv2d { conv, .. } = self
+            && conv.output_hw().is_none()
+        {
+            return Err(SpecError::BadValue {
+                key: "r".into(),
+                value: conv.r.to_string(),
+                reason: format!(
+                    "a {}x{} kernel (dilation {}) does not fit a {}x{} input padded by {}",
+                    conv.r, conv.s, conv.dilation, conv.h, conv.w, conv.pad
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Multiply-accumulates of the operator.
+    pub fn macs(&self) -> u64 {
+        self.to_op().macs()
+    }
+
+    pub fn flops(&self) -> u64 {
+        2 * self.macs()
+    }
+
+    /// The operator as a [`ComputeOp`].
+    pub fn to_op(&self) -> ComputeOp {
+        let types = self.types();
+        let acc = types.accumulator();
+        let v = AffineExpr::var;
+        let operand =
+            |name: &str, shape: Vec<u64>, dtype, layout: &str, idx: Vec<AffineExpr>| Operand {
+                tensor: TensorDecl::new(name, shape, dtype, layout),
+                indices: idx,
+            };
+        let (vars, inputs, out_shape, out_layout, bias_var) = match *self {
+            Workload::Gemm { m, n, k, .. } => (
+                vec![
+                    IterVar::spatial("m", m),
+                    IterVar::spatial("n", n),
+                    IterVar::reduction("k", k),
+                ],
+                vec![
+                    operand("A", vec![m, k], types.dtype, "mk", vec![v(0), v(2)]),
+                    operand("B", vec![k, n], types.wdtype, "kn", vec![v(2), v(1)]),
+                ],
+                vec![m, n],
+                "mn",
+                1,
+            ),
+            Workload::Dense { m, n, k, .. } => (
+                vec![
+                    IterVar::spatial("m", m),
+                    IterVar::spatial("n", n),
+                    IterVar::reduction("k", k),
+                ],
+                vec![
+                    operand("A", vec![m, k], types.dtype, "mk", vec![v(0), v(2)]),
+                    operand("W", vec![n, k], types.wdtype, "nk", vec![v(1), v(2)]),
+                ],
+                vec![m, n],
+                "mn",
+                1,
+            ),
+            Workload::Bmm { b, m, n, k, .. } => (
+                vec![
+                    IterVar::spatial("b", b),
+                    IterVar::spatial("m", m),
+                    IterVar::spatial("n", n),
+                    IterVar::reduction("k", k),
+                ],
+                vec![
+                    operand(
+                        "A",
+                        vec![b, m, k],
+                        types.dtype,
+                        "bmk",
+                        vec![v(0), v(1), v(3)],
+                    ),
+                    operand(
+                        "B",
+                        vec![b, k, n],
+                        types.wdtype,
+                        "bkn",
+                        vec![v(0), v(3), v(2)],
+                    ),
+                ],
+                vec![b, m, n],
+                "bmn",
+                2,
+            ),
+            Workload::Conv2d { conv, .. } => {
+                let (p, q) = conv.output_hw().unwrap_or((1, 1));
+                let st = conv.stride as i64;
+                let dl = conv.dilation as i64;
+                let pad = -(conv.pad as i64);
+                // Variables: n p q k (spatial), c r s (reduction).
+                let vars = vec![
+                    IterVar::spatial("n", conv.n),
+                    IterVar::spatial("p", p),
+                    IterVar::spatial("q", q),
+                    IterVar::spatial("k", conv.k),
+                    IterVar::reduction("c", conv.c),
+                    IterVar::reduction("r", conv.r),
+                    IterVar::reduction("s", conv.s),
+                ];
+                let row = AffineExpr::new(&[(1, st), (5, dl)], pad);
+                let col = AffineExpr::new(&[(2, st), (6, dl)], pad);
+                let (x, w, out, layout) = match conv.layout {
+                    ConvLayout::Nhwc => (
+                        operand(
+                            "I",
+                            vec![conv.n, conv.h, conv.w, conv.c],
+                            types.dtype,
+                            "nhwc",
+                            vec![v(0), row, col, v(4)],
+                        ),
+                        operand(
+                            "W",
+                            vec![conv.k, conv.r, conv.s, conv.c],
+                            types.wdtype,
+                            "krsc",
+                            vec![v(3), v(5), v(6), v(4)],
+                        ),
+                        vec![conv.n, p, q, conv.k],
+                        "nhwc",
+                    ),
+                    ConvLayout::Nchw => (
+                        operand(
+                            "I",
+                            vec![conv.n, conv.c, conv.h, conv.w],
+                            types.dtype,
+                            "nchw",
+                            vec![v(0), v(4), row, col],
+                        ),
+                        operand(
+                            "W",
+                            vec![conv.k, conv.c, conv.r, conv.s],
+                            types.wdtype,
+                            "kcrs",
+                            vec![v(3), v(4), v(5), v(6)],
+                        ),
+                        vec![conv.n, conv.k, p, q],
+                        "nchw",
+                    ),
+                };
+                (vars, vec![x, w], out, layout, 3)
+            }
+        };
+        let out_idx: Vec<AffineExpr> = match (self, out_layout) {
+            (Workload::Conv2d { .. }, "nchw") => vec![v(0), v(3), v(1), v(2)],
+            (Workload::Conv2d { .. }, _) => vec![v(0), v(1), v(2), v(3)],
+            (Workload::Bmm { .. }, _) => vec![v(0), v(1), v(2)],
+            _ => vec![v(0), v(1)],
+        };
+        let e = self.epilogue();
+        let mut epilogue = Vec::new();
+        if e.bias {
+            let n = vars[bias_var].extent;
+            epilogue.push(Epilogue::Bias(operand(
+                "bias",
+                vec![n],
+                acc,
+                "n",
+                vec![v(bias_var)],
+            )));
+        }
+        if e.relu {
+            epilogue.push(Epilogue::Relu);
+        }
+        let out_dtype = e.out.unwrap_or(acc);
+        if out_dtype != acc {
+            epilogue.push(Epilogue::Cast(out_dtype));
+        }
+        ComputeOp {
+            name: self.kind().to_string(),
+            iter_vars: vars,
+            inputs,
+            output: operand("C", out_shape, out_dtype, out_layout, out_idx),
+            accumulator: acc,
+            epilogue,
+        }
+    }
+}
+
+impl fmt::Display for Workload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:", self.kind())?;
+        match self {
+            Workload::Gemm { m, n, k, .. } | Workload::Dense { m, n, k, .. } => {
+                write!(f, "m={m},n={n},k={k}")?
+            }
+            Workload::Bmm { b, m, n, k, .. } => write!(f, "b={b},m={m},n={n},k={k}")?,
+            Workload::Conv2d { conv: c, .. } => {
+                write!(
+                    f,
+                    "n={},h={},w={},c={},k={},r={},s={},stride={},pad={}",
+                    c.n, c.h, c.w, c.c, c.k, c.r, c.s, c.stride, c.pad
+                )?;
+                if c.dilation != 1 {
+                    write!(f, ",dilation={}", c.dilation)?;
+                }
+                write!(f, ",layout={}", c.layout)?;
+            }
+        }
+        let t = self.types();
+        write!(f, ",dtype={}", t.dtype)?;
+        if t.wdtype != t.dtype {
+            write!(f, ",wdtype={}", t.wdtype)?;
+        }
+        let e = self.epilogue();
+        let mut parts = Vec::new();
+        if e.bias {
+            parts.push("bias");
+        }
+        if e.relu {
+            parts.push("relu");
+        }
+        if !parts.is_empty() {
+            write!(f, ",epilogue={}", parts.join("+"))?;
+        }
+        if let Some(o) = e.out {
+            write!(f, ",out={o}")?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for Workload {
+    type Err = SpecError;
+
+    /// Parses `kind:key=value,...`. Keys: gemm/dense `m n k`; bmm `b m n k`; conv2d
+    /// `n h w c k r s` with optional `stride` (1), `pad` (0), `dilation` (1), `layout` (nhwc).
+    /// All kinds: `dtype` (required), optional `wdtype`, `epilogue` (`bias`, `relu`,
+    /// `bias+relu`) and `out` (output dtype).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        if s.is_empty() {
+            return Err(SpecError::Empty);
+        }
+        let (kind, rest) = s.split_once(':').unwrap_or((s, ""));
+        let (sizes, optional_sizes): (&[&str], &[&str]) = match kind {
+            "gemm" | "dense" => (&["m", "n", "k"], &[]),
+            "bmm" => (&["b", "m", "n", "k"], &[]),
+            "conv2d" => (
+                &["n", "h", "w", "c", "k", "r", "s"],
+                &["stride", "pad", "dilation"],
+            ),
+            other => {
+                return Err(SpecError::UnknownKind {
+                    kind: other.to_string(),
+                    expected: KINDS.to_string(),
+                });
+            }
+        };
+        let mut other_keys = vec!["dtype", "wdtype", "epilogue", "out"];
+        if kind == "conv2d" {
+            other_keys.push("layout");
+        }
+        let mut kv: BTreeMap<&str, &str> = BTreeMap::new();
+        for item in rest.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (k, v) = item.split_once('=').ok_or_else(|| SpecError::NotKeyValue {
+                item: item.to_string(),
+            })?;
+            let (k, v) = (k.trim(), v.trim());
+            if !sizes.contains(&k) && !optional_sizes.contains(&k) && !other_keys.contains(&k) {
+                let allowed: Vec<&str> = sizes
+                    .iter()
+                    .chain(optional_sizes)
+                    .chain(&other_keys)
+                    .copied()
+                    .collect();
+                return Err(SpecError::UnknownKey {
+                    kind: kind.to_string(),
+                    key: k.to_string(),
+                    allowed: allowed.join(", "),
+                });
+            }
+            if kv.insert(k, v).is_some() {
+                return Err(SpecError::DuplicateKey { key: k.to_string() });
+            }
+        }
+        let missing = |key: &str| SpecError::MissingKey {
+            kind: kind.to_string(),
+            key: key.to_string(),
+        };
+        let number = |key: &str, default: Option<u64>, min: u64| -> Result<u64, SpecError> {
+            let Some(v) = kv.get(key) else {
+                return default.ok_or_else(|| missing(key));
+            };
+            let n: u64 = v.parse().map_err(|_| SpecError::BadValue {
+                key: key.to_string(),
+                value: v.to_string(),
+                reason: "not a non-negative integer".into(),
+            })?;
+            if n < min {
+                return Err(if n == 0 {
+                    SpecError::ZeroExtent {
+                        key: key.to_string(),
+                    }
+                } else {
+                    SpecError::BadValue {
+                        key: key.to_string(),
+                        value: v.to_string(),
+                        reason: format!("must be at least {min}"),
+                    }
+                });
+            }
+            Ok(n)
+        };
+        let size = |key: &str| number(key, None, 1);
+        let dtype: DType = kv.get("dtype").ok_or_else(|| missing("dtype"))?.parse()?;
+        let wdtype: DType = match kv.get("wdtype") {
+            Some(v) => v.parse()?,
+            None => dtype,
+        };
+        if dtype.is_float() != wdtype.is_float() {
+            return Err(SpecError::BadValue {
+                key: "wdtype".into(),
+                value: wdtype.to_string(),
+                reason: format!("cannot multiply {dtype} by {wdtype}"),
+            });
+        }
+        let types = Types { dtype, wdtype };
+        let mut epilogue = EpilogueSpec::default();
+        if let Some(e) = kv.get("epilogue") {
+            for part in e.split('+') {
+                match part {
+                    "bias" if !epilogue.bias => epilogue.bias = true,
+                    "relu" if !epilogue.relu => epilogue.relu = true,
+                    _ => {
+                        return Err(SpecError::BadValue {
+                            key: "epilogue".into(),
+                            value: e.to_string(),
+                            reason: "expected bias, relu or bias+relu".into(),
+                        });
+                    }
+                }
+            }
+        }
+        if let Some(o) = kv.get("out") {
+            let o: DType = o.parse()?;
+            if o != types.accumulator() {
+                epilogue.out = Some(o);
+            }
+        }
+        let w = match kind {
+            "gemm" => Workload::Gemm {
+                m: size("m")?,
+                n: size("n")?,
+                k: size("k")?,
+                types,
+                epilogue,
+            },
+            "dense" => Workload::Dense {
+                m: size("m")?,
+                n: size("n")?,
+                k: size("k")?,
+                types,
+                epilogue,
+            },
+            "bmm" => Workload::Bmm {
+                b: size("b")?,
+                m: size("m")?,
+                n: size("n")?,
+                k: size("k")?,
+                types,
+                epilogue,
+            },
+            _ => {
+                let layout = match kv.get("layout").copied().unwrap_or("nhwc") {
+                    "nhwc" => ConvLayout::Nhwc,
+                    "nchw" => ConvLayout::Nchw,
+                    other => {
+                        return Err(SpecError::BadValue {
+                            key: "layout".into(),
+                            value: other.to_string(),
+                            reason: "expected nhwc or nchw".into(),
+                        });
+                    }
+                };
+                Workload::Conv2d {
+                    conv: Conv2d {
+                        n: size("n")?,
+                        h: size("h")?,
+                        w: size("w")?,
+                        c: size("c")?,
+                        k: size("k")?,
+                        r: size("r")?,
+                        s: size("s")?,
+                        stride: number("stride", Some(1), 1)?,
+                        pad: number("pad", Some(0), 0)?,
+                        dilation: number("dilation", Some(1), 1)?,
+                        layout,
+                    },
+                    types,
+                    epilogue,
+                }
+            }
+        };
+        w.check()?;
+        Ok(w)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn examples_round_trip() {
+        for s in [
+            "gemm:m=1024,n=1024,k=1024,dtype=bf16",
+            "bmm:b=12,m=128,n=128,k=64,dtype=bf16",
+            "conv2d:n=1,h=56,w=56,c=64,k=64,r=3,s=3,stride=1,pad=1,layout=nhwc,dtype=bf16",
+            "dense:m=128,n=3072,k=768,dtype=u8,wdtype=i8,epilogue=bias+relu,out=u8",
+            "conv2d:n=2,h=9,w=9,c=3,k=4,r=3,s=3,stride=2,pad=2,dilation=2,layout=nchw,dtype=f32",
+        ] {
+            let w: Workload = s.parse().unwrap();
+            assert_eq!(w.to_string(), s);
+            w.to_op().validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let err = |s: &str| s.parse::<Workload>().unwrap_err().to_string();
+        assert!(err("gemm:m=1,n=2,k=3,dtype=bf16,x=4").contains("unknown key `x`"));
+        assert!(err("gemm:m=1,n=2,dtype=bf16").contains("missing key `k`"));
+        assert!(err("gemm:m=0,n=2,k=3,dtype=bf16").contains("`m` must be a positive extent"));
+        assert!(err("gemm:m=1,n=2,k=3,dtype=q4").contains("unknown dtype `q4`"));
+        assert!(err("matmul:m=1").contains("unknown operator kind `matmul`"));
+        assert!(err("gemm:m=1,n=2,k=3").contains("missing key `dtype`"));
+        assert!(err("gemm:m=x,n=2,k=3,dtype=f32").contains("`m` has invalid value `x`"));
+        assert!(err("gemm:m=1,m=1,n=2,k=3,dtype=f32").contains("`m` given twice"));
+        assert!(err("conv2d:n=1,h=2,w=2,c=1,k=1,r=5,s=5,dtype=f32").contains("does not fit"));
+        assert!(err("gemm:m=1,n,k=3,dtype=f32").contains("key=value"));
+    }
+
+    #[test]
+    fn conv_output_size_follows_the_usual_formula() {
+        let w: Workload = "conv2d:n=1,h=224,w=224,c=3,k=64,r=7,s=7,stride=2,pad=3,dtype=bf16"
+            .parse()
+            .unwrap();
+        let op = w.to_op();
+        assert_eq!(op.output.tensor.shape, vec![1, 112, 112, 64]);
+        assert_eq!(op.macs(), 112 * 112 * 64 * 3 * 7 * 7);
+    }
+}
