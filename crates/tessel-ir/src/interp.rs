@@ -179,18 +179,15 @@ impl Machine<'_> {
                 self.vals[v] = point[u];
             }
             let ok = call.guards.iter().all(|g| g.holds(&self.vals));
-            for (i, o) in sem.inputs.iter().enumerate() {
-                let idx: Vec<i64> = o.indices.iter().map(|e| e.eval(&point)).collect();
-                let v = if ok {
-                    self.read(&call.operands[i])?
-                } else {
-                    0.0
-                };
-                if let Some(at) = tiles[i].offset(&idx) {
-                    tiles[i].data[at] = v;
-                }
-            }
+            // A tile element is shared by many points; padded points must not overwrite
+            // what a real point gathered, so only real points write (tiles start at zero).
             if ok {
+                for (i, o) in sem.inputs.iter().enumerate() {
+                    let idx: Vec<i64> = o.indices.iter().map(|e| e.eval(&point)).collect();
+                    if let Some(at) = tiles[i].offset(&idx) {
+                        tiles[i].data[at] = self.read(&call.operands[i])?;
+                    }
+                }
                 let idx: Vec<i64> = sem.output.indices.iter().map(|e| e.eval(&point)).collect();
                 if let Some(at) = acc_tile.offset(&idx) {
                     acc_tile.data[at] = self.read(&call.acc)?;

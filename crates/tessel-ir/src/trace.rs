@@ -408,6 +408,11 @@ impl Trace {
         serde_json::to_string(self).unwrap_or_default()
     }
 
+    /// Indented JSON, for files people read.
+    pub fn to_json_pretty(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
     pub fn from_json(s: &str) -> Result<Self, TraceIoError> {
         Ok(serde_json::from_str(s)?)
     }

@@ -198,8 +198,12 @@ impl Workload {
         }
     }
 
-    /// The same workload with another epilogue.
-    pub fn with_epilogue(mut self, e: EpilogueSpec) -> Self {
+    /// The same workload with another epilogue. An `out` equal to the accumulator type is
+    /// the default and is stored as `None`, so each workload has one representation.
+    pub fn with_epilogue(mut self, mut e: EpilogueSpec) -> Self {
+        if e.out == Some(self.types().accumulator()) {
+            e.out = None;
+        }
         match &mut self {
             Workload::Gemm { epilogue, .. }
             | Workload::Dense { epilogue, .. }
