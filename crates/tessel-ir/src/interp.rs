@@ -9,11 +9,29 @@ use crate::data::TensorData;
 use crate::error::ExecError;
 use crate::op::advance;
 
+/// The interpreter is for checking small programs; it refuses to allocate beyond this.
+const MAX_INTERPRETED_ELEMENTS: u64 = 1 << 28;
+
 impl Program {
     /// Runs the program. `inputs` are the operator's inputs followed by its epilogue biases
     /// (the order of [`ComputeOp::read_operands`](crate::ComputeOp::read_operands)).
     pub fn run(&self, inputs: &[TensorData]) -> Result<TensorData, ExecError> {
         self.op.check_inputs(inputs)?;
+        let elements = self
+            .buffers
+            .iter()
+            .map(|b| b.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)))
+            .try_fold(0u64, |a, e| e.and_then(|e| a.checked_add(e)));
+        match elements {
+            Some(e) if e <= MAX_INTERPRETED_ELEMENTS => {}
+            _ => {
+                return Err(ExecError::Malformed {
+                    reason: format!(
+                        "buffers hold more than {MAX_INTERPRETED_ELEMENTS} elements: too large for the reference interpreter"
+                    ),
+                });
+            }
+        }
         let mut bufs: Vec<Option<TensorData>> = vec![None; self.buffers.len()];
         let n_inputs = self.op.inputs.len();
         let mut output = None;

@@ -13,6 +13,10 @@ use crate::trace::{IntrinsicResolver, LayoutTransform, Scope, Step, Trace};
 /// Largest extent a loop may get from splitting or fusing (keeps index arithmetic in i64).
 const MAX_EXTENT: u64 = 1 << 40;
 
+/// A split may pad a loop up to this many iterations even when the loop is shorter: enough
+/// for a 1-row decode GEMM on a 16-row AMX tile or a 256-wide wgmma, not for runaway factors.
+const MAX_PADDED_INNER: u64 = 4096;
+
 /// How a node of the loop-derivation tree was consumed by a later step.
 #[derive(Clone, Debug)]
 enum Consumed {
@@ -273,6 +277,11 @@ impl Schedule {
                     .ok_or("product of split factors is too large")?;
                 let parent = self.loops[p].node;
                 let (extent, kind) = (self.nodes[parent].extent, self.nodes[parent].kind);
+                if inner > extent.max(MAX_PADDED_INNER) {
+                    return Err(format!(
+                        "split factors multiply to {inner}, far beyond `{target}`'s extent {extent}"
+                    ));
+                }
                 let mut extents = vec![extent.div_ceil(inner)];
                 extents.extend(factors);
                 let mut children = Vec::new();

@@ -132,6 +132,14 @@ fn invalid_steps_are_named_in_the_error() {
         (
             {
                 let mut t = Trace::new();
+                t.split("m", &[64, 128]);
+                t
+            },
+            "far beyond",
+        ),
+        (
+            {
+                let mut t = Trace::new();
                 t.split("m", &[]);
                 t
             },
