@@ -1,9 +1,10 @@
-//! `cargo xtask`: tessel's pipelines. Today: `workloads`.
+//! `cargo xtask`: tessel's pipelines. Today: `workloads`, `intrinsics`, `match`.
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use serde::Serialize;
-use tessel_ir::{DType, NETWORKS, network};
+use tessel_intrin::{Catalog, HostCpu, Support, match_op};
+use tessel_ir::{DType, NETWORKS, Workload, network};
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "tessel pipelines", version)]
@@ -30,6 +31,22 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The catalog of tensorized instructions, marking what this machine supports.
+    Intrinsics {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every mapping of a workload onto an instruction, with padding and transforms.
+    Match {
+        /// A workload spec, e.g. gemm:m=1024,n=1024,k=1024,dtype=bf16
+        #[arg(long)]
+        workload: String,
+        /// An instruction id from `cargo xtask intrinsics`.
+        #[arg(long)]
+        intrinsic: String,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Serialize)]
@@ -52,6 +69,12 @@ struct NetworkReport {
 }
 
 fn main() -> std::process::ExitCode {
+    // Die quietly on a closed pipe (`cargo xtask match ... | head`), as Unix tools do.
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     // Print the error chain ourselves: a user needs the message, not a backtrace.
     match run(Cli::parse()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -64,6 +87,12 @@ fn main() -> std::process::ExitCode {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
+        Command::Intrinsics { json } => intrinsics(json)?,
+        Command::Match {
+            workload,
+            intrinsic,
+            json,
+        } => matches(&workload, &intrinsic, json)?,
         Command::Workloads {
             network: None,
             json,
@@ -134,6 +163,66 @@ fn run(cli: Cli) -> Result<()> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+fn intrinsics(json: bool) -> Result<()> {
+    let host = HostCpu::detect();
+    let catalog = Catalog::default();
+    let support = |i: &tessel_intrin::Intrinsic| match host.supports(i) {
+        Support::Yes => "yes".to_string(),
+        Support::No(why) => format!("no: {why}"),
+    };
+    if json {
+        let rows: Vec<_> = catalog
+            .intrinsics
+            .iter()
+            .map(|i| serde_json::json!({"intrinsic": i, "supported_here": support(i)}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({"host": host, "intrinsics": rows}))?
+        );
+        return Ok(());
+    }
+    println!(
+        "host: {} ({}), {} logical cores, AMX permitted: {}",
+        host.model, host.vendor, host.logical_cores, host.amx_permitted
+    );
+    println!(
+        "features: {}",
+        host.features.iter().cloned().collect::<Vec<_>>().join(" ")
+    );
+    for i in &catalog.intrinsics {
+        println!("{i}\n    here: {}", support(i));
+    }
+    Ok(())
+}
+
+fn matches(spec: &str, id: &str, json: bool) -> Result<()> {
+    let workload: Workload = spec
+        .parse()
+        .with_context(|| format!("--workload `{spec}`"))?;
+    let catalog = Catalog::default();
+    let intr = catalog.get(id).with_context(|| {
+        format!(
+            "unknown intrinsic `{id}` (known: {})",
+            catalog.ids().join(", ")
+        )
+    })?;
+    let op = workload.to_op();
+    let mappings = match_op(&op, intr)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&mappings)?);
+        return Ok(());
+    }
+    println!(
+        "{op}\n{intr}\n{} mappings, least padding first:",
+        mappings.len()
+    );
+    for (i, m) in mappings.iter().enumerate() {
+        println!("{i:4}: {m}");
     }
     Ok(())
 }

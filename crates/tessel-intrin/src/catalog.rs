@@ -1,0 +1,471 @@
+//! The catalog: every instruction tessel knows, as data.
+
+use tessel_ir::{ComputeOp, DType, IntrinsicResolver};
+
+use crate::desc::{
+    Intrinsic, LayoutReq, MemLevel, OperandMemory, Platform, Requirement, Storage, Throughput,
+};
+
+const CPU_PATH: [MemLevel; 4] = [
+    MemLevel::Memory,
+    MemLevel::L2,
+    MemLevel::L1,
+    MemLevel::Registers,
+];
+const GPU_PATH: [MemLevel; 3] = [MemLevel::Global, MemLevel::Shared, MemLevel::Fragment];
+
+fn mem(storage: Storage, layout: LayoutReq, load: &'static str, align: u32) -> OperandMemory {
+    OperandMemory {
+        storage,
+        layout,
+        load,
+        store: None,
+        align_bytes: align,
+    }
+}
+
+fn acc_mem(storage: Storage, load: &'static str, store: &'static str, align: u32) -> OperandMemory {
+    OperandMemory {
+        storage,
+        layout: LayoutReq::NContiguous,
+        load,
+        store: Some(store),
+        align_bytes: align,
+    }
+}
+
+const TILE: Storage = Storage::AmxTile {
+    rows: 16,
+    row_bytes: 64,
+};
+
+#[allow(clippy::too_many_arguments)]
+fn amx(
+    id: &'static str,
+    mnemonic: &'static str,
+    family: &'static str,
+    k: u64,
+    a: DType,
+    b: DType,
+    group: u32,
+    feature: &'static str,
+    macs_per_cycle: f64,
+) -> Intrinsic {
+    Intrinsic {
+        id,
+        mnemonic,
+        family,
+        platform: Platform::X86,
+        m: 16,
+        n: 16,
+        k,
+        a,
+        b,
+        acc: if a.is_float() { DType::F32 } else { DType::I32 },
+        memory: [
+            mem(TILE, LayoutReq::KContiguous, "tileloadd", 0),
+            mem(TILE, LayoutReq::Vnni { group }, "tileloadd", 0),
+            acc_mem(TILE, "tileloadd", "tilestored", 0),
+        ],
+        registers: 8,
+        path: CPU_PATH.to_vec(),
+        throughput: Some(Throughput {
+            macs_per_cycle,
+            latency_cycles: Some(16),
+            source: "Intel optimization manual: one 16x16 tile product per 16 cycles per core",
+        }),
+        requires: Requirement::CpuFeatures(vec!["amx_tile", feature]),
+        description_only: false,
+        note: "8 tiles of 16 rows x 64 bytes; the OS must grant XTILEDATA (arch_prctl)",
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn avx(
+    id: &'static str,
+    mnemonic: &'static str,
+    family: &'static str,
+    bits: u32,
+    n: u64,
+    k: u64,
+    a: DType,
+    b: DType,
+    acc: DType,
+    features: Vec<&'static str>,
+    macs_per_cycle: f64,
+    latency: Option<u32>,
+) -> Intrinsic {
+    let b_layout = if k > 1 {
+        LayoutReq::Vnni { group: k as u32 }
+    } else {
+        LayoutReq::NContiguous
+    };
+    let reg = Storage::VectorRegister { bits };
+    Intrinsic {
+        id,
+        mnemonic,
+        family,
+        platform: Platform::X86,
+        m: 1,
+        n,
+        k,
+        a,
+        b,
+        acc,
+        memory: [
+            // A: k consecutive elements of one row, broadcast to every lane.
+            mem(
+                Storage::Broadcast {
+                    bytes: (k as u32) * a.bytes() as u32,
+                },
+                if k > 1 {
+                    LayoutReq::KContiguous
+                } else {
+                    LayoutReq::Any
+                },
+                "vpbroadcast",
+                0,
+            ),
+            mem(reg.clone(), b_layout, "vmovdqu", 0),
+            acc_mem(reg, "vmovups", "vmovups", 0),
+        ],
+        registers: if bits == 512 { 32 } else { 16 },
+        path: CPU_PATH.to_vec(),
+        throughput: Some(Throughput {
+            macs_per_cycle,
+            latency_cycles: latency,
+            source: "two vector FMA ports per core (Sapphire Rapids)",
+        }),
+        requires: Requirement::CpuFeatures(features),
+        description_only: false,
+        note: "",
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn tensor_core(
+    id: &'static str,
+    mnemonic: &'static str,
+    family: &'static str,
+    (m, n, k): (u64, u64, u64),
+    a: DType,
+    b: DType,
+    sm: (u32, u32),
+    macs_per_cycle: f64,
+    mma_sync: bool,
+    note: &'static str,
+) -> Intrinsic {
+    let acc = if a.is_float() { DType::F32 } else { DType::I32 };
+    let (storage, a_layout, b_layout, load) = if mma_sync {
+        // ldmatrix (.trans for 16-bit types) fills registers from shared memory.
+        let b = if a.bytes() == 2 {
+            LayoutReq::Either
+        } else {
+            LayoutReq::KContiguous
+        };
+        (Storage::MmaRegisters, LayoutReq::KContiguous, b, "ldmatrix")
+    } else {
+        (
+            Storage::WmmaFragment,
+            LayoutReq::Either,
+            LayoutReq::Either,
+            "wmma::load_matrix_sync",
+        )
+    };
+    Intrinsic {
+        id,
+        mnemonic,
+        family,
+        platform: Platform::Nvidia,
+        m,
+        n,
+        k,
+        a,
+        b,
+        acc,
+        memory: [
+            mem(storage.clone(), a_layout, load, 16),
+            mem(storage.clone(), b_layout, load, 16),
+            acc_mem(storage, load, "store_matrix_sync / st.global", 16),
+        ],
+        registers: 255,
+        path: GPU_PATH.to_vec(),
+        throughput: Some(Throughput {
+            macs_per_cycle,
+            latency_cycles: None,
+            source: "dense Tensor Core FMA per SM per cycle (NVIDIA A100/H100 whitepapers)",
+        }),
+        requires: Requirement::ComputeCapability(sm.0, sm.1),
+        description_only: false,
+        note,
+    }
+}
+
+/// Every instruction tessel knows, in a stable order.
+pub fn catalog() -> Vec<Intrinsic> {
+    use DType::*;
+    let mut v = vec![
+        amx(
+            "amx.tdpbf16ps",
+            "tdpbf16ps",
+            "amx-bf16",
+            32,
+            BF16,
+            BF16,
+            2,
+            "amx_bf16",
+            512.0,
+        ),
+        amx(
+            "amx.tdpbusd",
+            "tdpbusd",
+            "amx-int8",
+            64,
+            U8,
+            I8,
+            4,
+            "amx_int8",
+            1024.0,
+        ),
+        amx(
+            "amx.tdpbssd",
+            "tdpbssd",
+            "amx-int8",
+            64,
+            I8,
+            I8,
+            4,
+            "amx_int8",
+            1024.0,
+        ),
+        avx(
+            "avx512.vpdpbusd",
+            "vpdpbusd zmm",
+            "avx512-vnni",
+            512,
+            16,
+            4,
+            U8,
+            I8,
+            I32,
+            vec!["avx512f", "avx512_vnni"],
+            128.0,
+            Some(5),
+        ),
+        avx(
+            "avx512.vdpbf16ps",
+            "vdpbf16ps zmm",
+            "avx512-bf16",
+            512,
+            16,
+            2,
+            BF16,
+            BF16,
+            F32,
+            vec!["avx512f", "avx512_bf16"],
+            64.0,
+            None,
+        ),
+        avx(
+            "avx512.vfmadd231ph",
+            "vfmadd231ph zmm",
+            "avx512-fp16",
+            512,
+            32,
+            1,
+            F16,
+            F16,
+            F16,
+            vec!["avx512f", "avx512_fp16"],
+            64.0,
+            Some(4),
+        ),
+        avx(
+            "avx512.vfmadd231ps",
+            "vfmadd231ps zmm",
+            "avx512-fma",
+            512,
+            16,
+            1,
+            F32,
+            F32,
+            F32,
+            vec!["avx512f"],
+            32.0,
+            Some(4),
+        ),
+        avx(
+            "avx2.vfmadd231ps",
+            "vfmadd231ps ymm",
+            "avx2-fma",
+            256,
+            8,
+            1,
+            F32,
+            F32,
+            F32,
+            vec!["avx2", "fma"],
+            16.0,
+            Some(4),
+        ),
+    ];
+    /// (id, m x n x k, dtype, minimum compute capability)
+    type Wmma = (&'static str, (u64, u64, u64), DType, (u32, u32));
+    const WMMA_16BIT: [Wmma; 6] = [
+        ("wmma.m16n16k16.f16", (16, 16, 16), DType::F16, (7, 0)),
+        ("wmma.m32n8k16.f16", (32, 8, 16), DType::F16, (7, 0)),
+        ("wmma.m8n32k16.f16", (8, 32, 16), DType::F16, (7, 0)),
+        ("wmma.m16n16k16.bf16", (16, 16, 16), DType::BF16, (8, 0)),
+        ("wmma.m32n8k16.bf16", (32, 8, 16), DType::BF16, (8, 0)),
+        ("wmma.m8n32k16.bf16", (8, 32, 16), DType::BF16, (8, 0)),
+    ];
+    for (id, shape, dt, sm) in WMMA_16BIT {
+        v.push(tensor_core(
+            id,
+            "wmma::mma_sync",
+            "wmma",
+            shape,
+            dt,
+            dt,
+            sm,
+            1024.0,
+            false,
+            "",
+        ));
+    }
+    v.push(tensor_core(
+        "wmma.m16n16k8.tf32",
+        "wmma::mma_sync",
+        "wmma",
+        (16, 16, 8),
+        F32,
+        F32,
+        (8, 0),
+        512.0,
+        false,
+        "f32 inputs are rounded to tf32 by the hardware",
+    ));
+    v.push(tensor_core(
+        "wmma.m16n16k16.s8",
+        "wmma::mma_sync",
+        "wmma",
+        (16, 16, 16),
+        I8,
+        I8,
+        (7, 2),
+        2048.0,
+        false,
+        "",
+    ));
+    v.push(tensor_core(
+        "mma.m16n8k16.f16",
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+        "mma.sync",
+        (16, 8, 16),
+        F16,
+        F16,
+        (8, 0),
+        1024.0,
+        true,
+        "",
+    ));
+    v.push(tensor_core(
+        "mma.m16n8k16.bf16",
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+        "mma.sync",
+        (16, 8, 16),
+        BF16,
+        BF16,
+        (8, 0),
+        1024.0,
+        true,
+        "",
+    ));
+    v.push(tensor_core(
+        "mma.m16n8k32.s8",
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32",
+        "mma.sync",
+        (16, 8, 32),
+        I8,
+        I8,
+        (8, 0),
+        2048.0,
+        true,
+        "",
+    ));
+    let mut wgmma = tensor_core(
+        "wgmma.m64n256k16.bf16",
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16",
+        "wgmma",
+        (64, 256, 16),
+        BF16,
+        BF16,
+        (9, 0),
+        2048.0,
+        false,
+        "warpgroup-wide (128 threads); A from registers or shared memory, B from shared memory",
+    );
+    wgmma.memory[0].storage = crate::desc::Storage::SharedMemory;
+    wgmma.memory[1].storage = crate::desc::Storage::SharedMemory;
+    wgmma.memory[0].load = "wgmma descriptor";
+    wgmma.memory[1].load = "wgmma descriptor";
+    wgmma.description_only = true;
+    v.push(wgmma);
+    v
+}
+
+/// The catalog as an [`IntrinsicResolver`] for tessel-ir's tensorize step.
+#[derive(Clone, Debug)]
+pub struct Catalog {
+    pub intrinsics: Vec<Intrinsic>,
+}
+
+impl Default for Catalog {
+    fn default() -> Self {
+        Catalog {
+            intrinsics: catalog(),
+        }
+    }
+}
+
+impl Catalog {
+    pub fn get(&self, id: &str) -> Option<&Intrinsic> {
+        self.intrinsics.iter().find(|i| i.id == id)
+    }
+
+    pub fn ids(&self) -> Vec<&'static str> {
+        self.intrinsics.iter().map(|i| i.id).collect()
+    }
+}
+
+impl IntrinsicResolver for Catalog {
+    fn resolve(&self, id: &str) -> Option<ComputeOp> {
+        self.get(id).map(Intrinsic::semantics)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_unique_and_semantics_validate() {
+        let c = Catalog::default();
+        let mut ids = c.ids();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), c.intrinsics.len());
+        for i in &c.intrinsics {
+            i.semantics().validate().unwrap();
+            assert_eq!(i.semantics().macs(), i.macs());
+        }
+        let amx = c.get("amx.tdpbf16ps").unwrap();
+        assert_eq!((amx.m, amx.n, amx.k, amx.registers), (16, 16, 32, 8));
+        // One 16x16x32 product per 16 cycles: 512 MACs per cycle.
+        assert_eq!(
+            amx.throughput.unwrap().macs_per_cycle,
+            (16 * 16 * 32 / 16) as f64
+        );
+        assert!(c.get("wgmma.m64n256k16.bf16").unwrap().description_only);
+    }
+}
