@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tessel_ir::{ComputeOp, IterKind, Trace};
 use thiserror::Error;
 
@@ -27,7 +27,7 @@ pub enum MatchError {
 }
 
 /// The operator variables fused into one instruction dimension, outermost first.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DimAssignment {
     pub vars: Vec<String>,
     /// Product of the variables' extents.
@@ -44,7 +44,7 @@ impl DimAssignment {
 }
 
 /// What an operand needs before the instruction can load it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TransformKind {
     /// The operand's memory already is a (strided) tile the instruction loads.
@@ -60,19 +60,19 @@ pub enum TransformKind {
 }
 
 /// The transform of one operand.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperandTransform {
     /// The operator input.
     pub input: String,
     /// Which instruction operand it feeds: `A` or `B`.
-    pub role: &'static str,
+    pub role: String,
     pub kind: TransformKind,
     /// Bytes written by the transform (0 when direct).
     pub bytes: u64,
 }
 
 /// One way to compute an operator with an instruction.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mapping {
     pub intrinsic: String,
     /// Operator inputs feeding the instruction's A and B.
@@ -384,7 +384,7 @@ fn build(
         };
         transforms.push(OperandTransform {
             input: op.inputs[input].tensor.name.clone(),
-            role,
+            role: role.to_string(),
             kind,
             bytes,
         });

@@ -322,3 +322,16 @@ fn operators_no_instruction_serves_say_why() {
     let err = match_op(&ew, amx).unwrap_err().to_string();
     assert!(err.contains("not a contraction"), "{err}");
 }
+
+#[test]
+fn mappings_round_trip_through_json_for_tuning_records() {
+    let catalog = Catalog::default();
+    let op = "bmm:b=12,m=128,n=128,k=64,dtype=bf16"
+        .parse::<Workload>()
+        .unwrap()
+        .to_op();
+    for m in match_op(&op, catalog.get("amx.tdpbf16ps").unwrap()).unwrap() {
+        let json = serde_json::to_string(&m).unwrap();
+        assert_eq!(serde_json::from_str::<Mapping>(&json).unwrap(), m);
+    }
+}
