@@ -105,6 +105,13 @@ fn int8_with_padding_is_exact() {
     check_against_reference(&op, &t, 11).unwrap();
 }
 
+/// A trace built by `build`.
+fn trace(build: impl FnOnce(&mut Trace)) -> Trace {
+    let mut t = Trace::new();
+    build(&mut t);
+    t
+}
+
 fn step_error(op: &tessel_ir::ComputeOp, steps: &mut Trace) -> String {
     steps.apply(op, &TestIntrinsics).unwrap_err().to_string()
 }
@@ -114,96 +121,73 @@ fn invalid_steps_are_named_in_the_error() {
     let op = gemm("gemm:m=16,n=16,k=16,dtype=bf16");
     let cases: Vec<(Trace, &str)> = vec![
         (
-            {
-                let mut t = Trace::new();
+            trace(|t| {
                 t.split("x", &[2]);
-                t
-            },
+            }),
             "no loop named `x`",
         ),
         (
-            {
-                let mut t = Trace::new();
+            trace(|t| {
                 t.split("m", &[0]);
-                t
-            },
+            }),
             "at least 1",
         ),
         (
-            {
-                let mut t = Trace::new();
+            trace(|t| {
                 t.split("m", &[64, 128]);
-                t
-            },
+            }),
             "far beyond",
         ),
         (
-            {
-                let mut t = Trace::new();
+            trace(|t| {
                 t.split("m", &[]);
-                t
-            },
+            }),
             "at least one factor",
         ),
         (
-            {
-                let mut t = Trace::new();
+            trace(|t| {
                 t.fuse(&["m", "k"]);
-                t
-            },
+            }),
             "adjacent",
         ),
         (
-            {
-                let mut t = Trace::new();
+            trace(|t| {
                 t.fuse(&["n", "k"]);
-                t
-            },
+            }),
             "spatial and reduction",
         ),
         (
-            {
-                let mut t = Trace::new();
+            trace(|t| {
                 t.parallel("k");
-                t
-            },
+            }),
             "reduction loop `k`",
         ),
         (
-            {
-                let mut t = Trace::new();
+            trace(|t| {
                 t.reorder(&["m", "m"]);
-                t
-            },
+            }),
             "listed twice",
         ),
         (
-            {
-                let mut t = Trace::new();
+            trace(|t| {
                 t.bind("m", GpuAxis::BlockX).bind("n", GpuAxis::BlockX);
-                t
-            },
+            }),
             "already bound",
         ),
         (
-            {
-                let mut t = Trace::new();
+            trace(|t| {
                 t.cache_write(scope("local"), Some("k"));
-                t
-            },
+            }),
             "reduction loop `k` is not inside",
         ),
         (
-            {
-                let mut t = Trace::new();
+            trace(|t| {
                 t.cache_read(2, scope("local"), None);
-                t
-            },
+            }),
             "no input 2",
         ),
         (
-            {
-                let mut t = Trace::new();
+            trace(|t| {
                 t.pack(
                     0,
                     LayoutTransform {
@@ -211,21 +195,17 @@ fn invalid_steps_are_named_in_the_error() {
                         order: vec![0, 1],
                     },
                 );
-                t
-            },
+            }),
             "order lists 2 dimensions",
         ),
         (
-            {
-                let mut t = Trace::new();
+            trace(|t| {
                 t.tensorize("nope", &[], &[0, 1]);
-                t
-            },
+            }),
             "unknown intrinsic",
         ),
         (
-            {
-                let mut t = Trace::new();
+            trace(|t| {
                 t.split("m", &[4])
                     .split("n", &[4])
                     .split("k", &[2])
@@ -235,13 +215,11 @@ fn invalid_steps_are_named_in_the_error() {
                         &[("i", "m.1"), ("j", "n.1"), ("kk", "k.1")],
                         &[0, 1],
                     );
-                t
-            },
+            }),
             "does not match `kk`",
         ),
         (
-            {
-                let mut t = Trace::new();
+            trace(|t| {
                 t.split("m", &[4])
                     .split("n", &[4])
                     .split("k", &[2])
@@ -252,13 +230,11 @@ fn invalid_steps_are_named_in_the_error() {
                         &[("i", "n.1"), ("j", "m.1"), ("kk", "k.1")],
                         &[0, 1],
                     );
-                t
-            },
+            }),
             "does not depend on loop `n.1`",
         ),
         (
-            {
-                let mut t = Trace::new();
+            trace(|t| {
                 t.split("m", &[4])
                     .split("n", &[4])
                     .split("k", &[2])
@@ -267,24 +243,19 @@ fn invalid_steps_are_named_in_the_error() {
                         &[("i", "m.1"), ("j", "n.1"), ("kk", "k.1")],
                         &[0, 1],
                     );
-                t
-            },
+            }),
             "innermost",
         ),
         (
-            {
-                let mut t = Trace::new();
+            trace(|t| {
                 t.split("m", &[4]).parallel("m.1").split("m.1", &[2]);
-                t
-            },
+            }),
             "annotated",
         ),
         (
-            {
-                let mut t = Trace::new();
+            trace(|t| {
                 t.cache_read(0, scope("local"), Some("m")).split("m", &[2]);
-                t
-            },
+            }),
             "a cache is attached",
         ),
     ];
