@@ -148,35 +148,7 @@ struct Builder {
 impl Builder {
     /// Adds a layer fed by `inputs`.
     fn add(&mut self, name: String, w: Workload, inputs: &[NodeIndex]) -> NodeIndex {
-        let w = match w {
-            Workload::Gemm { m, n, k, .. } => Workload::Gemm {
-                m,
-                n,
-                k,
-                types: self.types,
-                epilogue: w.epilogue(),
-            },
-            Workload::Dense { m, n, k, .. } => Workload::Dense {
-                m,
-                n,
-                k,
-                types: self.types,
-                epilogue: w.epilogue(),
-            },
-            Workload::Bmm { b, m, n, k, .. } => Workload::Bmm {
-                b,
-                m,
-                n,
-                k,
-                types: self.types,
-                epilogue: w.epilogue(),
-            },
-            Workload::Conv2d { conv, .. } => Workload::Conv2d {
-                conv,
-                types: self.types,
-                epilogue: w.epilogue(),
-            },
-        };
+        let w = w.with_types(self.types);
         let node = self.graph.add_node(Layer { name, workload: w });
         for &i in inputs {
             self.graph.add_edge(i, node, ());

@@ -213,6 +213,18 @@ impl Workload {
         self
     }
 
+    /// The same workload with other element types (the epilogue keeps its meaning).
+    pub fn with_types(mut self, t: Types) -> Self {
+        let e = self.epilogue();
+        match &mut self {
+            Workload::Gemm { types, .. }
+            | Workload::Dense { types, .. }
+            | Workload::Bmm { types, .. }
+            | Workload::Conv2d { types, .. } => *types = t,
+        }
+        self.with_epilogue(e)
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Workload::Gemm { .. } => "gemm",
