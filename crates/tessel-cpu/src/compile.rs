@@ -1,0 +1,196 @@
+//! Compiling generated C into shared objects, cached by content hash.
+
+use std::collections::BTreeSet;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::error::CompileError;
+
+/// How kernels are built: for the real instructions, or on the scalar emulation of those this
+/// CPU lacks (correctness checks only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mode {
+    Native,
+    Emulated,
+}
+
+/// A compiled shared object.
+#[derive(Clone, Debug)]
+pub struct Library {
+    pub path: PathBuf,
+    /// Wall time of the compiler (zero when it came from the cache).
+    pub compile_time: Duration,
+    pub cached: bool,
+}
+
+/// The system C compiler and a cache directory for what it builds.
+#[derive(Clone, Debug)]
+pub struct Compiler {
+    cc: String,
+    version: String,
+    cache_dir: PathBuf,
+}
+
+/// The `-m` flag that enables a CPU feature (as [`tessel_intrin::HostCpu`] names it).
+fn feature_flag(feature: &str) -> Option<&'static str> {
+    Some(match feature {
+        "amx_tile" => "-mamx-tile",
+        "amx_bf16" => "-mamx-bf16",
+        "amx_int8" => "-mamx-int8",
+        "avx512f" => "-mavx512f",
+        "avx512_vnni" => "-mavx512vnni",
+        "avx512_bf16" => "-mavx512bf16",
+        "avx512_fp16" => "-mavx512fp16",
+        "avx2" => "-mavx2",
+        "fma" => "-mfma",
+        _ => return None,
+    })
+}
+
+impl Compiler {
+    /// The compiler named by `$TESSEL_CC`, else `$CC`, else `cc`; artefacts go to `cache_dir`.
+    pub fn new(cache_dir: impl Into<PathBuf>) -> Result<Self, CompileError> {
+        let cc = std::env::var("TESSEL_CC")
+            .or_else(|_| std::env::var("CC"))
+            .unwrap_or_else(|_| "cc".to_string());
+        let out = Command::new(&cc)
+            .arg("--version")
+            .output()
+            .map_err(|source| CompileError::Spawn {
+                cc: cc.clone(),
+                source,
+            })?;
+        let version = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap_or("unknown")
+            .trim()
+            .to_string();
+        let cache_dir = cache_dir.into();
+        std::fs::create_dir_all(&cache_dir).map_err(|source| CompileError::Io {
+            path: cache_dir.clone(),
+            source,
+        })?;
+        Ok(Compiler {
+            cc,
+            version,
+            cache_dir,
+        })
+    }
+
+    /// `$TESSEL_CACHE_DIR`, else `tessel-cpu-cache` in the system's temporary directory.
+    pub fn default_cache_dir() -> PathBuf {
+        std::env::var_os("TESSEL_CACHE_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| std::env::temp_dir().join("tessel-cpu-cache"))
+    }
+
+    /// The compiler's own version line, e.g. `gcc (Debian 12.2.0-14) 12.2.0`.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    pub fn cache_dir(&self) -> &Path {
+        &self.cache_dir
+    }
+
+    /// Flags for a module whose kernels need `features`.
+    pub fn flags(&self, features: &BTreeSet<String>, mode: Mode) -> Vec<String> {
+        let mut f: Vec<String> = ["-march=native", "-fPIC", "-shared", "-fopenmp"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        match mode {
+            Mode::Native => {
+                f.insert(0, "-O3".into());
+                f.extend(
+                    features
+                        .iter()
+                        .filter_map(|x| feature_flag(x))
+                        .map(str::to_string),
+                );
+            }
+            Mode::Emulated => {
+                f.insert(0, "-O2".into());
+                f.push("-DTESSEL_EMULATE".into());
+            }
+        }
+        f
+    }
+
+    /// Compiles `source` (or finds it in the cache). The file is written next to the object
+    /// so that a failing kernel can be read.
+    pub fn compile(
+        &self,
+        source: &str,
+        features: &BTreeSet<String>,
+        mode: Mode,
+    ) -> Result<Library, CompileError> {
+        let flags = self.flags(features, mode);
+        let key = content_key(&[source, &flags.join(" "), &self.version, &self.cc]);
+        let so = self.cache_dir.join(format!("tsl-{key}.so"));
+        if so.exists() {
+            return Ok(Library {
+                path: so,
+                compile_time: Duration::ZERO,
+                cached: true,
+            });
+        }
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| CompileError::Io { path, source }
+        };
+        let c = self.cache_dir.join(format!("tsl-{key}.c"));
+        std::fs::write(&c, source).map_err(io(&c))?;
+        // Build under a private name and rename: a concurrent or killed build never leaves a
+        // half-written object under the final name.
+        let tmp = self
+            .cache_dir
+            .join(format!("tsl-{key}.{}.tmp.so", std::process::id()));
+        let start = Instant::now();
+        let out = Command::new(&self.cc)
+            .args(&flags)
+            .arg(&c)
+            .arg("-o")
+            .arg(&tmp)
+            .arg("-lm")
+            .output()
+            .map_err(|source| CompileError::Spawn {
+                cc: self.cc.clone(),
+                source,
+            })?;
+        let compile_time = start.elapsed();
+        if !out.status.success() {
+            let _ = std::fs::remove_file(&tmp);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            // The first errors say what is wrong; thousands of lines do not help.
+            let short: String = stderr.lines().take(40).collect::<Vec<_>>().join("\n");
+            return Err(CompileError::Rejected {
+                path: c,
+                stderr: short,
+            });
+        }
+        std::fs::rename(&tmp, &so).map_err(io(&so))?;
+        Ok(Library {
+            path: so,
+            compile_time,
+            cached: false,
+        })
+    }
+}
+
+/// A 128-bit hex digest of the parts (two independently seeded SipHashes).
+pub fn content_key(parts: &[&str]) -> String {
+    let mut out = String::new();
+    for seed in [0x7e55e1u64, 0x5eed_c0de] {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        seed.hash(&mut h);
+        for p in parts {
+            p.hash(&mut h);
+        }
+        out.push_str(&format!("{:016x}", h.finish()));
+    }
+    out
+}

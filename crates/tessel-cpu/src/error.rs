@@ -1,0 +1,57 @@
+//! Errors of the CPU backend.
+
+use std::path::PathBuf;
+
+/// Why a program has no C code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CodegenError {
+    #[error("cannot generate CPU code: {reason}")]
+    Unsupported { reason: String },
+    #[error("malformed program: {reason}")]
+    Malformed { reason: String },
+}
+
+/// Why a module did not build.
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    #[error("cannot run the C compiler `{cc}`: {source}")]
+    Spawn {
+        cc: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the C compiler rejected {path}:\n{stderr}")]
+    Rejected { path: PathBuf, stderr: String },
+    #[error("cache directory {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Why the measurement worker could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("cannot start the measurement worker `{program}`: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the worker died: {status}")]
+    Died { status: String },
+    #[error("the worker did not answer within {seconds:.1} s")]
+    Timeout { seconds: f64 },
+    #[error("the worker's pipe failed: {0}")]
+    Pipe(#[source] std::io::Error),
+    #[error("the worker sent an unreadable reply: {0}")]
+    Protocol(String),
+}
+
+/// Why the CPU measurer could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum CpuError {
+    #[error(transparent)]
+    Compile(#[from] CompileError),
+}

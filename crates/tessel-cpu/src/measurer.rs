@@ -1,0 +1,329 @@
+//! [`CpuMeasurer`]: the [`Measurer`] of the local CPU.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use tessel_intrin::{Catalog, HostCpu};
+use tessel_ir::{ComputeOp, Trace};
+use tessel_measure::{
+    Candidate, HardwareFingerprint, MeasureError, MeasureErrorKind, MeasureResult, Measurement,
+    Measurer, Timing,
+};
+
+use crate::codegen::{Kernel, generate, module_source};
+use crate::compile::{Compiler, Library, Mode, content_key};
+use crate::error::{CompileError, CpuError, WorkerError};
+use crate::fingerprint::fingerprint;
+use crate::worker::{Job, Reference, Reply, TimingOptions, Worker, WorkerCommand, tolerance};
+
+/// How the CPU measurer runs candidates.
+#[derive(Clone, Debug)]
+pub struct CpuOptions {
+    /// OpenMP threads per kernel.
+    pub threads: usize,
+    /// Run kernels whose instructions this CPU lacks on the scalar emulation of those
+    /// instructions: a correctness check, flagged `emulated`, never a real timing.
+    pub emulate: bool,
+    pub timing: TimingOptions,
+    /// Longest a worker may take for one candidate (check and timing) before it is killed.
+    pub timeout: Duration,
+    /// Operators up to this many multiply-accumulates are checked against tessel-ir's
+    /// interpreter; larger ones against a naive C kernel.
+    pub interpreter_max_macs: u64,
+    /// Seed of the random inputs.
+    pub seed: u64,
+}
+
+impl Default for CpuOptions {
+    fn default() -> Self {
+        CpuOptions {
+            threads: 1,
+            emulate: false,
+            timing: TimingOptions::default(),
+            timeout: Duration::from_secs(60),
+            interpreter_max_macs: 1 << 21,
+            seed: 1,
+        }
+    }
+}
+
+/// A generated (or, for tests, hand-written) kernel ready to compile and measure.
+#[derive(Clone, Debug)]
+pub struct KernelJob {
+    pub op: ComputeOp,
+    pub kernel: Kernel,
+    pub mode: Mode,
+}
+
+/// Measures candidates on this CPU: lowers each trace, generates C, compiles a batch into one
+/// shared object, and checks and times each kernel in a worker process.
+pub struct CpuMeasurer {
+    opts: CpuOptions,
+    compiler: Compiler,
+    worker: Worker,
+    catalog: Catalog,
+    fingerprint: HardwareFingerprint,
+}
+
+impl CpuMeasurer {
+    /// A measurer whose worker process is started with `worker`, compiling into the default
+    /// cache directory.
+    pub fn new(worker: WorkerCommand, opts: CpuOptions) -> Result<Self, CpuError> {
+        Self::with_compiler(worker, opts, Compiler::new(Compiler::default_cache_dir())?)
+    }
+
+    pub fn with_compiler(
+        mut worker: WorkerCommand,
+        opts: CpuOptions,
+        compiler: Compiler,
+    ) -> Result<Self, CpuError> {
+        worker
+            .env
+            .push(("OMP_NUM_THREADS".into(), opts.threads.max(1).to_string()));
+        let fingerprint = fingerprint(opts.threads.max(1), compiler.version());
+        Ok(CpuMeasurer {
+            opts,
+            compiler,
+            worker: Worker::new(worker),
+            catalog: Catalog::default(),
+            fingerprint,
+        })
+    }
+
+    pub fn options(&self) -> &CpuOptions {
+        &self.opts
+    }
+
+    pub fn compiler(&self) -> &Compiler {
+        &self.compiler
+    }
+
+    /// How many times the worker had to be restarted (after crashes and timeouts).
+    pub fn worker_restarts(&self) -> u32 {
+        self.worker.restarts()
+    }
+
+    /// Lowers and generates one candidate as kernel `name`, deciding native or emulated.
+    pub fn prepare(&self, c: &Candidate, name: &str) -> Result<KernelJob, MeasureError> {
+        let program = c
+            .trace
+            .lower(&c.op, &self.catalog)
+            .map_err(|e| MeasureError::new(MeasureErrorKind::Schedule, e.to_string()))?;
+        let kernel = generate(&program, name, &self.catalog)
+            .map_err(|e| MeasureError::new(MeasureErrorKind::Codegen, e.to_string()))?;
+        let mode = self.mode_for(&kernel)?;
+        Ok(KernelJob {
+            op: c.op.clone(),
+            kernel,
+            mode,
+        })
+    }
+
+    fn mode_for(&self, kernel: &Kernel) -> Result<Mode, MeasureError> {
+        let host = HostCpu::detect();
+        let mut missing: Vec<&str> = kernel
+            .features
+            .iter()
+            .map(String::as_str)
+            .filter(|f| !host.has(f))
+            .collect();
+        if missing.is_empty()
+            && kernel.features.iter().any(|f| f.starts_with("amx"))
+            && !host.amx_permitted
+        {
+            missing.push("AMX permission from the OS");
+        }
+        if missing.is_empty() {
+            Ok(Mode::Native)
+        } else if self.opts.emulate {
+            Ok(Mode::Emulated)
+        } else {
+            Err(MeasureError::new(
+                MeasureErrorKind::Unsupported,
+                format!(
+                    "{} needs {}, which this CPU ({}) lacks; skipped (emulation can check its correctness)",
+                    kernel
+                        .intrinsics
+                        .iter()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    missing.join(", "),
+                    host.model
+                ),
+            ))
+        }
+    }
+
+    /// The naive C kernel of `op` that checks large candidates.
+    fn reference_kernel(&self, op: &ComputeOp) -> Result<Kernel, MeasureError> {
+        let key = content_key(&[&serde_json::to_string(op).unwrap_or_default()]);
+        let name = format!("tsl_ref_{}", &key[..16]);
+        let program = Trace::new()
+            .lower(op, &self.catalog)
+            .map_err(|e| MeasureError::new(MeasureErrorKind::Schedule, e.to_string()))?;
+        generate(&program, &name, &self.catalog)
+            .map_err(|e| MeasureError::new(MeasureErrorKind::Codegen, e.to_string()))
+    }
+
+    fn needs_c_reference(&self, op: &ComputeOp) -> bool {
+        op.macs() > self.opts.interpreter_max_macs
+    }
+
+    fn build(&self, kernels: &[&Kernel], mode: Mode) -> Result<Library, CompileError> {
+        let features: BTreeSet<String> = kernels
+            .iter()
+            .flat_map(|k| k.features.iter().cloned())
+            .collect();
+        self.compiler
+            .compile(&module_source(kernels), &features, mode)
+    }
+
+    /// Compiles and measures prepared kernels (errors pass through in place).
+    pub fn measure_kernels(
+        &mut self,
+        jobs: &[Result<KernelJob, MeasureError>],
+    ) -> Vec<MeasureResult> {
+        let mut results: Vec<Option<MeasureResult>> = vec![None; jobs.len()];
+        let mut by_mode: BTreeMap<Mode, Vec<usize>> = BTreeMap::new();
+        for (i, j) in jobs.iter().enumerate() {
+            match j {
+                Ok(job) => by_mode.entry(job.mode).or_default().push(i),
+                Err(e) => results[i] = Some(Err(e.clone())),
+            }
+        }
+        for (mode, idx) in by_mode {
+            // Each job's library, reference symbol and share of the compile time.
+            let mut built: Vec<(usize, Library, Reference, f64)> = Vec::new();
+            let mut refs: BTreeMap<String, Kernel> = BTreeMap::new();
+            let mut job_ref: BTreeMap<usize, Reference> = BTreeMap::new();
+            for &i in &idx {
+                let Ok(job) = &jobs[i] else { continue };
+                if self.needs_c_reference(&job.op) {
+                    match self.reference_kernel(&job.op) {
+                        Ok(k) => {
+                            job_ref.insert(i, Reference::Symbol(k.name.clone()));
+                            refs.insert(k.name.clone(), k);
+                        }
+                        Err(e) => {
+                            results[i] = Some(Err(e));
+                        }
+                    }
+                } else {
+                    job_ref.insert(i, Reference::Interpreter);
+                }
+            }
+            let live: Vec<usize> = idx
+                .iter()
+                .copied()
+                .filter(|i| job_ref.contains_key(i))
+                .collect();
+            let mut kernels: Vec<&Kernel> = live
+                .iter()
+                .filter_map(|&i| jobs[i].as_ref().ok().map(|j| &j.kernel))
+                .collect();
+            kernels.extend(refs.values());
+            match self.build(&kernels, mode) {
+                Ok(lib) => {
+                    let share = lib.compile_time.as_secs_f64() / live.len().max(1) as f64;
+                    for &i in &live {
+                        built.push((i, lib.clone(), job_ref[&i].clone(), share));
+                    }
+                }
+                Err(_) => {
+                    // Find the culprits: compile each kernel on its own (with its reference).
+                    for &i in &live {
+                        let Ok(job) = &jobs[i] else { continue };
+                        let mut ks = vec![&job.kernel];
+                        if let Reference::Symbol(s) = &job_ref[&i] {
+                            ks.extend(refs.get(s));
+                        }
+                        match self.build(&ks, mode) {
+                            Ok(lib) => {
+                                let t = lib.compile_time.as_secs_f64();
+                                built.push((i, lib, job_ref[&i].clone(), t));
+                            }
+                            Err(e) => {
+                                results[i] = Some(Err(MeasureError::new(
+                                    MeasureErrorKind::Compile,
+                                    e.to_string(),
+                                )));
+                            }
+                        }
+                    }
+                }
+            }
+            for (i, lib, reference, compile_s) in built {
+                let Ok(job) = &jobs[i] else { continue };
+                results[i] = Some(self.run_one(job, &lib, reference, compile_s));
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(MeasureError::new(MeasureErrorKind::Runtime, "not measured"))
+                })
+            })
+            .collect()
+    }
+
+    fn run_one(
+        &mut self,
+        job: &KernelJob,
+        lib: &Library,
+        reference: Reference,
+        compile_s: f64,
+    ) -> MeasureResult {
+        let request = Job {
+            library: lib.path.clone(),
+            symbol: job.kernel.name.clone(),
+            op: job.op.clone(),
+            reference,
+            seed: self.opts.seed,
+            tolerance: tolerance(&job.op),
+            timing: self.opts.timing,
+        };
+        match self.worker.call(&request, self.opts.timeout) {
+            Ok(Reply::Ok { samples, max_error }) => {
+                let timing = Timing::from_samples(&samples).ok_or_else(|| {
+                    MeasureError::new(MeasureErrorKind::Runtime, "the worker returned no timings")
+                })?;
+                Ok(Measurement {
+                    timing,
+                    compile_time_s: compile_s,
+                    max_error,
+                    emulated: job.mode == Mode::Emulated,
+                    gflops: job.op.flops() as f64 / timing.median_s / 1e9,
+                })
+            }
+            Ok(Reply::Err { kind, message }) => Err(MeasureError::new(kind, message)),
+            Err(WorkerError::Died { status }) => Err(MeasureError::new(
+                MeasureErrorKind::Crash,
+                format!(
+                    "kernel `{}` took its worker down: {status}",
+                    job.kernel.name
+                ),
+            )),
+            Err(e @ WorkerError::Timeout { .. }) => {
+                Err(MeasureError::new(MeasureErrorKind::Timeout, e.to_string()))
+            }
+            Err(e) => Err(MeasureError::new(MeasureErrorKind::Runtime, e.to_string())),
+        }
+    }
+}
+
+impl Measurer for CpuMeasurer {
+    fn fingerprint(&self) -> &HardwareFingerprint {
+        &self.fingerprint
+    }
+
+    fn measure(&mut self, candidates: &[Candidate]) -> Vec<MeasureResult> {
+        let jobs: Vec<Result<KernelJob, MeasureError>> = candidates
+            .iter()
+            .enumerate()
+            .map(|(i, c)| self.prepare(c, &format!("tsl_k{i}")))
+            .collect();
+        self.measure_kernels(&jobs)
+    }
+}

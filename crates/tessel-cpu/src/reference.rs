@@ -1,0 +1,109 @@
+//! Hand-written reference schedules: one GEMM trace per CPU instruction, written with the IR's
+//! primitives (not as C), that the code generator turns into a fast kernel.
+//!
+//! The shape is the classic one (GotoBLAS, oneDNN's brgemm): B packed once into the
+//! instruction's layout, columns split into panels that the threads share out, the reduction
+//! blocked so that a B block stays in L1/L2 while every row block of A streams past it, and a
+//! register block of `mr x nr` instruction tiles whose accumulators stay in registers across
+//! the innermost reduction loop.
+
+use tessel_intrin::Catalog;
+use tessel_ir::{LayoutTransform, Scope, Trace, Workload};
+
+/// The tile sizes of a reference GEMM schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmPlan {
+    /// Instruction tiles per register block, along m and n.
+    pub mr: u64,
+    pub nr: u64,
+    /// Reduction elements per cache block (a multiple of the instruction's k).
+    pub kc: u64,
+}
+
+impl GemmPlan {
+    /// The default plan for an instruction: the largest register block its register file
+    /// holds, with m dividing `m` where possible (padding would disable register blocking).
+    pub fn for_instruction(id: &str, m: u64, k: u64) -> GemmPlan {
+        let (candidates, nr): (&[u64], u64) = match id {
+            // 2x2 accumulator tiles + 2 A + 2 B = all 8 tiles.
+            "amx.tdpbf16ps" | "amx.tdpbusd" | "amx.tdpbssd" => (&[2, 1], 2),
+            // 32 zmm: up to 8x3 = 24 accumulators, 3 B vectors, one broadcast.
+            "avx512.vfmadd231ps" | "avx512.vpdpbusd" | "avx512.vdpbf16ps" => (&[8, 6, 4, 2, 1], 3),
+            // 16 ymm: 6x2 = 12 accumulators (or 4x2), 2 B vectors, one broadcast.
+            _ => (&[6, 4, 2, 1], 2),
+        };
+        let mi = if id.starts_with("amx") { 16 } else { 1 };
+        let mr = candidates
+            .iter()
+            .copied()
+            .find(|&c| m.is_multiple_of(c * mi))
+            .unwrap_or(1);
+        let kc = [256u64, 128, 64, 32, 16, 8, 4, 2, 1]
+            .into_iter()
+            .find(|&c| k.is_multiple_of(c))
+            .unwrap_or(1);
+        GemmPlan { mr, nr, kc }
+    }
+}
+
+/// The reference trace of `gemm` on instruction `id`, with `plan` (or the instruction's
+/// default). Errors name what does not fit: not a GEMM, an unknown instruction, dtypes the
+/// instruction does not take.
+pub fn reference_gemm(
+    workload: &Workload,
+    id: &str,
+    plan: Option<GemmPlan>,
+) -> Result<Trace, String> {
+    let Workload::Gemm { m, k, types, .. } = workload else {
+        return Err(format!(
+            "reference schedules are for gemm workloads, not `{workload}`"
+        ));
+    };
+    let catalog = Catalog::default();
+    let intr = catalog
+        .get(id)
+        .ok_or_else(|| format!("unknown instruction `{id}`"))?;
+    if intr.a != types.dtype || intr.b != types.wdtype {
+        return Err(format!(
+            "`{id}` multiplies {} x {}, the workload is {} x {}",
+            intr.a, intr.b, types.dtype, types.wdtype
+        ));
+    }
+    let plan = plan.unwrap_or_else(|| GemmPlan::for_instruction(id, *m, *k));
+    let (mi, ni, ki) = (intr.m, intr.n, intr.k);
+    let kc = plan.kc.max(ki) / ki * ki;
+    // How many K elements share one 32-bit slot of B (the VNNI group).
+    let group = if ki > 1 {
+        (4 / intr.b.bytes() as u64).min(ki)
+    } else {
+        1
+    };
+
+    let mut t = Trace::new();
+    t.split("m", &[plan.mr, mi]);
+    t.split("n", &[plan.nr, ni]);
+    t.split("k", &[kc / ki, ki]);
+    t.reorder(&[
+        "n.0", "k.0", "m.0", "k.1", "m.1", "n.1", "m.2", "n.2", "k.2",
+    ]);
+    // B: [K, N] -> [N / ni, K / group, ni, group]: every instruction tile of B is contiguous
+    // and in the instruction's (VNNI) layout.
+    let layout = if group > 1 {
+        LayoutTransform {
+            splits: vec![(0, group), (1, ni)],
+            order: vec![2, 0, 3, 1],
+        }
+    } else {
+        LayoutTransform {
+            splits: vec![(1, ni)],
+            order: vec![1, 0, 2],
+        }
+    };
+    t.pack(1, layout);
+    t.parallel("n.0");
+    let local = Scope::new("local").map_err(|e| e.to_string())?;
+    t.cache_write(local, Some("n.0"));
+    t.unroll("m.1").unroll("n.1");
+    t.tensorize(id, &[("m", "m.2"), ("n", "n.2"), ("k", "k.2")], &[0, 1]);
+    Ok(t)
+}

@@ -1,0 +1,63 @@
+//! Shared helpers of tessel-cpu's tests.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use tessel_cpu::{Compiler, CpuMeasurer, CpuOptions, TimingOptions, WorkerCommand};
+use tessel_intrin::{Catalog, HostCpu, Support};
+
+/// The CPU instructions the code generator supports.
+pub const CPU_INSTRUCTIONS: [&str; 7] = [
+    "amx.tdpbf16ps",
+    "amx.tdpbusd",
+    "amx.tdpbssd",
+    "avx512.vfmadd231ps",
+    "avx512.vpdpbusd",
+    "avx512.vdpbf16ps",
+    "avx2.vfmadd231ps",
+];
+
+/// A measurer for correctness tests: one timed run, instructions this CPU lacks emulated.
+pub fn measurer(emulate: bool) -> CpuMeasurer {
+    let opts = CpuOptions {
+        emulate,
+        timing: TimingOptions {
+            warmup: 0,
+            min_runs: 1,
+            max_runs: 1,
+            min_time_s: 0.0,
+        },
+        timeout: Duration::from_secs(120),
+        ..CpuOptions::default()
+    };
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("tessel-cpu-cache");
+    CpuMeasurer::with_compiler(
+        WorkerCommand::new(env!("CARGO_BIN_EXE_tessel-cpu-worker")),
+        opts,
+        Compiler::new(cache).expect("a C compiler is installed (.ci/run installs one)"),
+    )
+    .expect("measurer")
+}
+
+/// Says (on stderr) which instructions only ran on the emulation here.
+pub fn report_emulated(ids: &[&str]) {
+    let host = HostCpu::detect();
+    let catalog = Catalog::default();
+    for id in ids {
+        if let Some(intr) = catalog.get(id)
+            && let Support::No(why) = host.supports(intr)
+        {
+            eprintln!("note: {id} checked on the scalar emulation only ({why})");
+        }
+    }
+}
+
+/// The (A, B) dtypes of an instruction, as a workload spec fragment.
+pub fn dtypes(id: &str) -> &'static str {
+    match id {
+        "amx.tdpbf16ps" | "avx512.vdpbf16ps" => "dtype=bf16",
+        "amx.tdpbusd" | "avx512.vpdpbusd" => "dtype=u8,wdtype=i8",
+        "amx.tdpbssd" => "dtype=i8",
+        _ => "dtype=f32",
+    }
+}

@@ -1,0 +1,139 @@
+//! Generated kernels compute what the operator defines, for every instruction, through the
+//! register-block, direct and staged (padded) paths, with and without epilogues.
+
+mod common;
+
+use common::{CPU_INSTRUCTIONS, dtypes, measurer, report_emulated};
+use tessel_cpu::reference::reference_gemm;
+use tessel_intrin::{Catalog, TransformKind, match_op};
+use tessel_ir::{Scope, Trace, Workload};
+use tessel_measure::{Candidate, Measurer};
+
+fn workload(spec: &str) -> Workload {
+    spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}"))
+}
+
+fn assert_all_ok(labels: &[String], results: &[tessel_measure::MeasureResult]) {
+    let failures: Vec<String> = labels
+        .iter()
+        .zip(results)
+        .filter_map(|(l, r)| r.as_ref().err().map(|e| format!("{l}: {e}")))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn reference_schedules_compute_gemm_on_every_instruction() {
+    let mut cands = Vec::new();
+    let mut labels = Vec::new();
+    for id in CPU_INSTRUCTIONS {
+        // Dividing shapes take the register-block path; the epilogue variants the store path.
+        for (shape, extra) in [
+            ("m=64,n=96,k=128", ""),
+            ("m=32,n=48,k=64", ",epilogue=bias+relu"),
+        ] {
+            let spec = format!("gemm:{shape},{}{extra}", dtypes(id));
+            let w = workload(&spec);
+            let trace = reference_gemm(&w, id, None).unwrap_or_else(|e| panic!("{spec}: {e}"));
+            labels.push(format!("{id} {spec}"));
+            cands.push(Candidate::new(w.to_op(), trace));
+        }
+    }
+    let results = measurer(true).measure(&cands);
+    assert_all_ok(&labels, &results);
+    report_emulated(&CPU_INSTRUCTIONS);
+}
+
+#[test]
+fn matcher_mappings_compute_odd_shapes_and_convolutions() {
+    let catalog = Catalog::default();
+    let mut cands = Vec::new();
+    let mut labels = Vec::new();
+    for id in CPU_INSTRUCTIONS {
+        let intr = catalog.get(id).unwrap();
+        let specs = [
+            // Nothing divides: every call is padded and staged.
+            format!("gemm:m=20,n=37,k=70,{}", dtypes(id)),
+            format!("bmm:b=2,m=5,n=17,k=9,{},epilogue=relu", dtypes(id)),
+            // A 3x3 convolution with padding, and a strided one in NCHW.
+            format!(
+                "conv2d:n=1,h=6,w=5,c=8,k=20,r=3,s=3,stride=1,pad=1,layout=nhwc,{}",
+                dtypes(id)
+            ),
+            format!(
+                "conv2d:n=2,h=7,w=7,c=3,k=5,r=3,s=3,stride=2,pad=1,layout=nchw,{},epilogue=bias",
+                dtypes(id)
+            ),
+        ];
+        for spec in specs {
+            let op = workload(&spec).to_op();
+            let mappings = match_op(&op, intr).unwrap_or_else(|e| panic!("{id} {spec}: {e}"));
+            // The best mapping, and an im2col one where the matcher found it.
+            let mut chosen = vec![&mappings[0]];
+            if let Some(m) = mappings
+                .iter()
+                .skip(1)
+                .find(|m| m.transforms.iter().any(|t| t.kind == TransformKind::Im2col))
+            {
+                chosen.push(m);
+            }
+            for m in chosen {
+                labels.push(format!("{id} {spec} [{m}]"));
+                cands.push(Candidate::new(op.clone(), m.to_trace(intr)));
+            }
+        }
+    }
+    let results = measurer(true).measure(&cands);
+    assert_all_ok(&labels, &results);
+}
+
+#[test]
+fn scalar_schedules_with_caches_parallel_loops_and_epilogues() {
+    let specs = [
+        "gemm:m=33,n=17,k=19,dtype=f32,epilogue=bias+relu",
+        "gemm:m=16,n=24,k=40,dtype=bf16,epilogue=bias,out=bf16",
+        "gemm:m=9,n=13,k=31,dtype=u8,wdtype=i8,epilogue=bias+relu,out=u8",
+        "dense:m=7,n=20,k=12,dtype=f16",
+        "conv2d:n=1,h=9,w=9,c=4,k=6,r=3,s=3,stride=2,pad=1,layout=nhwc,dtype=i8,epilogue=bias",
+    ];
+    let local = Scope::new("local").unwrap();
+    let mut cands = Vec::new();
+    let mut labels = Vec::new();
+    for spec in specs {
+        let op = workload(spec).to_op();
+        // The naive nest.
+        labels.push(format!("{spec} naive"));
+        cands.push(Candidate::new(op.clone(), Trace::new()));
+        // A tiled nest: outer parallel, an L1 cache of the first input, a local accumulator,
+        // an unrolled and a vectorized inner loop.
+        let s = &op.iter_vars;
+        let first = s[0].name.clone();
+        let last_spatial = op.spatial_vars().last().map(|v| s[v].name.clone()).unwrap();
+        let mut t = Trace::new();
+        t.split(&first, &[4]);
+        t.parallel(&format!("{first}.0"));
+        t.cache_write(local.clone(), Some(&format!("{first}.0")));
+        t.cache_read(0, local.clone(), Some(&format!("{first}.0")));
+        let mut order: Vec<String> = vec![format!("{first}.0")];
+        order.extend(op.reduction_vars().map(|v| s[v].name.clone()));
+        order.push(format!("{first}.1"));
+        for v in op.spatial_vars().skip(1) {
+            order.push(s[v].name.clone());
+        }
+        let order_refs: Vec<&str> = order.iter().map(String::as_str).collect();
+        t.reorder(&order_refs);
+        t.unroll(&format!("{first}.1"));
+        if last_spatial != first {
+            t.vectorize(&last_spatial);
+        }
+        labels.push(format!("{spec} tiled: {t}"));
+        cands.push(Candidate::new(op, t));
+    }
+    let results = measurer(true).measure(&cands);
+    assert_all_ok(&labels, &results);
+}

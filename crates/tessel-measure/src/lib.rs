@@ -1,0 +1,226 @@
+//! tessel-measure: the seam between the search and the backends that run candidates.
+//!
+//! A [`Measurer`] takes [`Candidate`]s (an operator and a schedule trace) and returns one
+//! [`MeasureResult`] per candidate, in order: either a [`Measurement`] (latency statistics,
+//! compile time) or a [`MeasureError`] that says what went wrong (the schedule did not lower,
+//! the code did not compile, the kernel crashed, hung or computed a wrong result). A failed
+//! candidate never stops the others. Every result is tied to a [`HardwareFingerprint`].
+//!
+//! The CPU backend (tessel-cpu) and the GPU backend implement [`Measurer`]; the search only
+//! sees this trait.
+//!
+//! ```
+//! use tessel_measure::{Candidate, MeasureError, MeasureErrorKind, MeasureResult, Measurer,
+//!     HardwareFingerprint};
+//!
+//! /// A measurer that refuses everything, as a backend on the wrong machine would.
+//! struct Refuse(HardwareFingerprint);
+//!
+//! impl Measurer for Refuse {
+//!     fn fingerprint(&self) -> &HardwareFingerprint { &self.0 }
+//!     fn measure(&mut self, candidates: &[Candidate]) -> Vec<MeasureResult> {
+//!         candidates
+//!             .iter()
+//!             .map(|_| Err(MeasureError::new(MeasureErrorKind::Unsupported, "no such hardware")))
+//!             .collect()
+//!     }
+//! }
+//!
+//! let op = "gemm:m=8,n=8,k=8,dtype=f32".parse::<tessel_ir::Workload>().unwrap().to_op();
+//! let mut m = Refuse(HardwareFingerprint::default());
+//! let results = m.measure(&[Candidate::new(op, tessel_ir::Trace::new())]);
+//! assert_eq!(results[0].as_ref().unwrap_err().kind, MeasureErrorKind::Unsupported);
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use tessel_ir::{ComputeOp, Trace};
+
+/// One program to measure: an operator and the schedule that computes it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Candidate {
+    pub op: ComputeOp,
+    pub trace: Trace,
+}
+
+impl Candidate {
+    pub fn new(op: ComputeOp, trace: Trace) -> Self {
+        Candidate { op, trace }
+    }
+}
+
+/// Latency statistics of repeated runs, in seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Timing {
+    pub min_s: f64,
+    pub median_s: f64,
+    /// (p90 - p10) / median: how noisy the runs were.
+    pub spread: f64,
+    pub runs: u32,
+}
+
+impl Timing {
+    /// Statistics of `samples` (seconds); `None` when there are none.
+    pub fn from_samples(samples: &[f64]) -> Option<Timing> {
+        if samples.is_empty() || samples.iter().any(|s| !s.is_finite()) {
+            return None;
+        }
+        let mut s = samples.to_vec();
+        s.sort_by(f64::total_cmp);
+        let at = |q: f64| s[((s.len() - 1) as f64 * q).round() as usize];
+        let median = at(0.5);
+        Some(Timing {
+            min_s: s[0],
+            median_s: median,
+            spread: if median > 0.0 {
+                (at(0.9) - at(0.1)) / median
+            } else {
+                0.0
+            },
+            runs: s.len() as u32,
+        })
+    }
+}
+
+/// A successful measurement.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Measurement {
+    pub timing: Timing,
+    /// The candidate's share of its batch's compile time, in seconds.
+    pub compile_time_s: f64,
+    /// Largest relative error against the reference (0 for exact integer results).
+    pub max_error: f64,
+    /// The kernel ran on a software emulation of the instruction (correctness only: the
+    /// timing says nothing about the real hardware).
+    pub emulated: bool,
+    /// The operator's floating-point (or integer) operations per second at the median.
+    pub gflops: f64,
+}
+
+/// What kind of failure a candidate met.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MeasureErrorKind {
+    /// The trace does not apply or does not lower.
+    Schedule,
+    /// The backend cannot generate code for this program.
+    Codegen,
+    /// The instruction or feature is not available on this machine.
+    Unsupported,
+    Compile,
+    /// The kernel killed its worker (a signal such as SIGSEGV or SIGILL).
+    Crash,
+    Timeout,
+    /// The output differs from the reference.
+    WrongResult,
+    /// Anything else that went wrong while running (loading, the worker's own errors).
+    Runtime,
+}
+
+impl fmt::Display for MeasureErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            MeasureErrorKind::Schedule => "schedule",
+            MeasureErrorKind::Codegen => "codegen",
+            MeasureErrorKind::Unsupported => "unsupported",
+            MeasureErrorKind::Compile => "compile",
+            MeasureErrorKind::Crash => "crash",
+            MeasureErrorKind::Timeout => "timeout",
+            MeasureErrorKind::WrongResult => "wrong result",
+            MeasureErrorKind::Runtime => "runtime",
+        };
+        f.write_str(s)
+    }
+}
+
+/// Why a candidate has no measurement.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MeasureError {
+    pub kind: MeasureErrorKind,
+    pub message: String,
+}
+
+impl MeasureError {
+    pub fn new(kind: MeasureErrorKind, message: impl Into<String>) -> Self {
+        MeasureError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for MeasureError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind, self.message)
+    }
+}
+
+impl std::error::Error for MeasureError {}
+
+pub type MeasureResult = Result<Measurement, MeasureError>;
+
+/// The machine a result was measured on. Records from different fingerprints are different
+/// platforms to the model.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HardwareFingerprint {
+    /// `cpu` or `gpu` (or `sim` for an analytical model).
+    pub kind: String,
+    /// CPU model string or GPU name.
+    pub model: String,
+    pub vendor: String,
+    /// CPU family/model/stepping or GPU compute capability.
+    pub version: String,
+    pub features: Vec<String>,
+    /// Cores (or SMs) the measurements used.
+    pub cores_used: u32,
+    pub cores_available: u32,
+    /// Cache or memory sizes by level name (`l1d`, `l2`, `l3`, `shared`), in bytes.
+    pub caches: BTreeMap<String, u64>,
+    /// The compiler (or driver) that built the code, with its version.
+    pub compiler: String,
+}
+
+impl HardwareFingerprint {
+    /// A short, stable identifier: model, cores used and compiler.
+    pub fn key(&self) -> String {
+        format!(
+            "{}|{}|{}c|{}",
+            self.kind, self.model, self.cores_used, self.compiler
+        )
+    }
+}
+
+/// Runs candidates and measures them. Results come back in the candidates' order, one each.
+pub trait Measurer {
+    fn fingerprint(&self) -> &HardwareFingerprint;
+
+    fn measure(&mut self, candidates: &[Candidate]) -> Vec<MeasureResult>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timing_statistics() {
+        let t = Timing::from_samples(&[3.0, 1.0, 2.0, 10.0, 2.0]).unwrap();
+        assert_eq!(t.min_s, 1.0);
+        assert_eq!(t.median_s, 2.0);
+        assert_eq!(t.runs, 5);
+        // p10 rounds to the smallest sample, p90 to the largest.
+        assert!((t.spread - (10.0 - 1.0) / 2.0).abs() < 1e-12);
+        assert!(Timing::from_samples(&[]).is_none());
+        assert!(Timing::from_samples(&[f64::NAN]).is_none());
+    }
+
+    #[test]
+    fn errors_round_trip_through_json() {
+        let e = MeasureError::new(MeasureErrorKind::Crash, "worker killed by SIGSEGV");
+        let s = serde_json::to_string(&e).unwrap();
+        assert!(s.contains("\"crash\""));
+        assert_eq!(serde_json::from_str::<MeasureError>(&s).unwrap(), e);
+        assert_eq!(e.to_string(), "crash: worker killed by SIGSEGV");
+    }
+}
