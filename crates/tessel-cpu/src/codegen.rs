@@ -964,18 +964,18 @@ impl<'p> Gen<'p> {
             }
             _ => {
                 let (t, load_c, store_c) = vector_types(ins.family);
-                self.line(&format!("{t} c = {load_c}({pc});"));
+                self.line(&format!("{t} tsl_acc = {load_c}({pc});"));
                 let s = format!(
-                    "c = {};",
+                    "tsl_acc = {};",
                     vector_op(
                         ins.family,
-                        "c",
+                        "tsl_acc",
                         &bcast(ins.family, &pa),
                         &vload(ins.family, &pb)
                     )
                 );
                 self.line(&s);
-                self.line(&format!("{store_c}({pc}, c);"));
+                self.line(&format!("{store_c}({pc}, tsl_acc);"));
             }
         }
         if let Some(name) = staged_c {
@@ -1020,7 +1020,7 @@ impl<'p> Gen<'p> {
             });
         }
         let (di, dj) = Instr::dims(role);
-        let name = format!("t{role:?}");
+        let name = format!("tsl_tile_{role:?}");
         let rows = match ins.family {
             Family::Amx { .. } => 16,
             _ => 1,
@@ -1213,27 +1213,27 @@ impl<'p> Gen<'p> {
         } else {
             let (t, load_c, store_c) = vector_types(ins.family);
             for (i, f) in frags[2].iter().enumerate() {
-                self.line(&format!("{t} c{i} = {load_c}({f});"));
+                self.line(&format!("{t} tsl_c{i} = {load_c}({f});"));
             }
             let h = self.loop_header(l);
             self.line(&h);
             self.depth += 1;
             let (ta, tb) = operand_types(ins.family);
             for (i, f) in frags[0].iter().enumerate() {
-                self.line(&format!("{ta} a{i} = {};", bcast(ins.family, f)));
+                self.line(&format!("{ta} tsl_a{i} = {};", bcast(ins.family, f)));
             }
             for (i, f) in frags[1].iter().enumerate() {
-                self.line(&format!("{tb} b{i} = {};", vload(ins.family, f)));
+                self.line(&format!("{tb} tsl_b{i} = {};", vload(ins.family, f)));
             }
             for ids in &plan {
-                let c = format!("c{}", ids[2]);
+                let c = format!("tsl_c{}", ids[2]);
                 let s = format!(
                     "{c} = {};",
                     vector_op(
                         ins.family,
                         &c,
-                        &format!("a{}", ids[0]),
-                        &format!("b{}", ids[1])
+                        &format!("tsl_a{}", ids[0]),
+                        &format!("tsl_b{}", ids[1])
                     )
                 );
                 self.line(&s);
@@ -1241,7 +1241,7 @@ impl<'p> Gen<'p> {
             self.depth -= 1;
             self.line("}");
             for (i, f) in frags[2].iter().enumerate() {
-                self.line(&format!("{store_c}({f}, c{i});"));
+                self.line(&format!("{store_c}({f}, tsl_c{i});"));
             }
         }
         self.depth -= 1;

@@ -31,6 +31,7 @@ pub mod compile;
 mod error;
 mod fingerprint;
 mod measurer;
+pub mod peak;
 pub mod reference;
 pub mod worker;
 

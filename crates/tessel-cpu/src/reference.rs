@@ -107,3 +107,25 @@ pub fn reference_gemm(
     t.tensorize(id, &[("m", "m.2"), ("n", "n.2"), ("k", "k.2")], &[0, 1]);
     Ok(t)
 }
+
+/// The CPU instructions the code generator supports, in the order benchmarks report them.
+pub const CPU_INSTRUCTIONS: [&str; 7] = [
+    "amx.tdpbf16ps",
+    "amx.tdpbusd",
+    "amx.tdpbssd",
+    "avx512.vpdpbusd",
+    "avx512.vdpbf16ps",
+    "avx512.vfmadd231ps",
+    "avx2.vfmadd231ps",
+];
+
+/// The workload spec of an `m x n x k` GEMM in the dtypes instruction `id` multiplies.
+pub fn gemm_spec(id: &str, m: u64, n: u64, k: u64) -> String {
+    let types = match id {
+        "amx.tdpbf16ps" | "avx512.vdpbf16ps" => "dtype=bf16",
+        "amx.tdpbusd" | "avx512.vpdpbusd" => "dtype=u8,wdtype=i8",
+        "amx.tdpbssd" => "dtype=i8",
+        _ => "dtype=f32",
+    };
+    format!("gemm:m={m},n={n},k={k},{types}")
+}

@@ -6,16 +6,7 @@ use std::time::Duration;
 use tessel_cpu::{Compiler, CpuMeasurer, CpuOptions, TimingOptions, WorkerCommand};
 use tessel_intrin::{Catalog, HostCpu, Support};
 
-/// The CPU instructions the code generator supports.
-pub const CPU_INSTRUCTIONS: [&str; 7] = [
-    "amx.tdpbf16ps",
-    "amx.tdpbusd",
-    "amx.tdpbssd",
-    "avx512.vfmadd231ps",
-    "avx512.vpdpbusd",
-    "avx512.vdpbf16ps",
-    "avx2.vfmadd231ps",
-];
+pub use tessel_cpu::reference::CPU_INSTRUCTIONS;
 
 /// A measurer for correctness tests: one timed run, instructions this CPU lacks emulated.
 pub fn measurer(emulate: bool) -> CpuMeasurer {
@@ -53,11 +44,9 @@ pub fn report_emulated(ids: &[&str]) {
 }
 
 /// The (A, B) dtypes of an instruction, as a workload spec fragment.
-pub fn dtypes(id: &str) -> &'static str {
-    match id {
-        "amx.tdpbf16ps" | "avx512.vdpbf16ps" => "dtype=bf16",
-        "amx.tdpbusd" | "avx512.vpdpbusd" => "dtype=u8,wdtype=i8",
-        "amx.tdpbssd" => "dtype=i8",
-        _ => "dtype=f32",
-    }
+pub fn dtypes(id: &str) -> String {
+    let spec = tessel_cpu::reference::gemm_spec(id, 1, 1, 1);
+    spec.split_once(",dtype=")
+        .map(|(_, t)| format!("dtype={t}"))
+        .unwrap_or_default()
 }

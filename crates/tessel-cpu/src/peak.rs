@@ -1,0 +1,161 @@
+//! Micro-benchmarks of each instruction's peak throughput on this CPU (measured, not assumed):
+//! long chains of independent instructions on register-resident operands.
+
+use std::time::Instant;
+
+use tessel_intrin::{Catalog, HostCpu, Support};
+
+use crate::compile::{Compiler, Mode};
+use crate::error::CompileError;
+
+/// The measured peak of one instruction.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Peak {
+    pub intrinsic: String,
+    pub threads: usize,
+    /// Operations (2 per multiply-accumulate) per second, in billions.
+    pub gops: f64,
+}
+
+/// What [`measure_peaks`] found: the peaks it measured, and the instructions it skipped with
+/// the reason.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Peaks {
+    pub measured: Vec<Peak>,
+    pub skipped: Vec<(String, String)>,
+}
+
+/// The C body of one peak kernel: `iters` rounds of independent instructions; returns the
+/// operations done (per thread).
+fn body(id: &str) -> Option<(&'static str, &'static str)> {
+    // (setup + loop body, operations per loop iteration)
+    Some(match id {
+        "avx2.vfmadd231ps" => (
+            "__m256 c[12]; for (int i = 0; i < 12; i++) c[i] = _mm256_set1_ps((float)i);
+             __m256 a = _mm256_set1_ps(1e-9f), b = _mm256_set1_ps(0.5f);
+             for (long it = 0; it < iters; it++) { for (int i = 0; i < 12; i++) c[i] = _mm256_fmadd_ps(a, b, c[i]); }
+             float s[8]; __m256 t = c[0]; for (int i = 1; i < 12; i++) t = _mm256_add_ps(t, c[i]); _mm256_storeu_ps(s, t); sink += s[0];",
+            "12 * 8 * 2",
+        ),
+        "avx512.vfmadd231ps" => (
+            "__m512 c[16]; for (int i = 0; i < 16; i++) c[i] = _mm512_set1_ps((float)i);
+             __m512 a = _mm512_set1_ps(1e-9f), b = _mm512_set1_ps(0.5f);
+             for (long it = 0; it < iters; it++) { for (int i = 0; i < 16; i++) c[i] = _mm512_fmadd_ps(a, b, c[i]); }
+             __m512 t = c[0]; for (int i = 1; i < 16; i++) t = _mm512_add_ps(t, c[i]); sink += _mm512_reduce_add_ps(t);",
+            "16 * 16 * 2",
+        ),
+        "avx512.vpdpbusd" => (
+            "__m512i c[16]; for (int i = 0; i < 16; i++) c[i] = _mm512_set1_epi32(i);
+             __m512i a = _mm512_set1_epi32(0x01010101), b = _mm512_set1_epi32(0x01010101);
+             for (long it = 0; it < iters; it++) { for (int i = 0; i < 16; i++) c[i] = _mm512_dpbusd_epi32(c[i], a, b); }
+             __m512i t = c[0]; for (int i = 1; i < 16; i++) t = _mm512_add_epi32(t, c[i]); sink += _mm512_reduce_add_epi32(t);",
+            "16 * 16 * 4 * 2",
+        ),
+        "avx512.vdpbf16ps" => (
+            "__m512 c[16]; for (int i = 0; i < 16; i++) c[i] = _mm512_set1_ps((float)i);
+             __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80), b = (__m512bh)_mm512_set1_epi32(0x3f803f80);
+             for (long it = 0; it < iters; it++) { for (int i = 0; i < 16; i++) c[i] = _mm512_dpbf16_ps(c[i], a, b); }
+             __m512 t = c[0]; for (int i = 1; i < 16; i++) t = _mm512_add_ps(t, c[i]); sink += _mm512_reduce_add_ps(t);",
+            "16 * 16 * 2 * 2",
+        ),
+        "amx.tdpbf16ps" => (
+            "static char zero[1024] __attribute__((aligned(64)));
+             TSL_AMX_INIT();
+             _tile_loadd(4, zero, 64); _tile_loadd(5, zero, 64);
+             for (long it = 0; it < iters; it++) { _tile_dpbf16ps(0, 4, 5); _tile_dpbf16ps(1, 4, 5); _tile_dpbf16ps(2, 4, 5); _tile_dpbf16ps(3, 4, 5); }
+             _tile_stored(0, zero, 64); _tile_release(); sink += zero[0];",
+            "4 * 16 * 16 * 32 * 2",
+        ),
+        "amx.tdpbusd" | "amx.tdpbssd" => (
+            "static char zero[1024] __attribute__((aligned(64)));
+             TSL_AMX_INIT();
+             _tile_loadd(4, zero, 64); _tile_loadd(5, zero, 64);
+             for (long it = 0; it < iters; it++) { _tile_dpbusd(0, 4, 5); _tile_dpbusd(1, 4, 5); _tile_dpbusd(2, 4, 5); _tile_dpbusd(3, 4, 5); }
+             _tile_stored(0, zero, 64); _tile_release(); sink += zero[0];",
+            "4 * 16 * 16 * 64 * 2",
+        ),
+        _ => return None,
+    })
+}
+
+fn symbol(id: &str) -> String {
+    format!("tsl_peak_{}", id.replace('.', "_"))
+}
+
+/// Measures the peak of every instruction in `ids` that this CPU supports, on `threads`
+/// threads (OpenMP, one chain per thread). Unsupported ones are skipped, with the reason.
+pub fn measure_peaks(
+    compiler: &Compiler,
+    ids: &[&str],
+    threads: usize,
+) -> Result<Peaks, CompileError> {
+    let host = HostCpu::detect();
+    let catalog = Catalog::default();
+    let mut skipped = Vec::new();
+    let mut runnable = Vec::new();
+    let mut features = std::collections::BTreeSet::new();
+    let mut src = String::from(crate::codegen::PRELUDE);
+    src.push_str("#include <omp.h>\nvoid tsl_set_threads(int t) { omp_set_num_threads(t); }\n");
+    for id in ids {
+        let Some(intr) = catalog.get(id) else {
+            skipped.push((id.to_string(), "unknown instruction".into()));
+            continue;
+        };
+        match (host.supports(intr), body(id)) {
+            (Support::Yes, Some((b, ops))) => {
+                if let tessel_intrin::Requirement::CpuFeatures(f) = &intr.requires {
+                    features.extend(f.iter().map(|s| s.to_string()));
+                }
+                src.push_str(&format!(
+                    "double {}(long iters) {{\n  double total = 0;\n  #pragma omp parallel reduction(+:total)\n  {{\n    volatile float sink = 0;\n    {b}\n    total += (double)iters * ({ops});\n  }}\n  return total;\n}}\n",
+                    symbol(id)
+                ));
+                runnable.push(id.to_string());
+            }
+            (Support::No(why), _) => skipped.push((id.to_string(), why)),
+            (Support::Yes, None) => skipped.push((id.to_string(), "no micro-benchmark".into())),
+        }
+    }
+    let lib = compiler.compile(&src, &features, Mode::Native)?;
+    let mut peaks = Vec::new();
+    // SAFETY: the object was just built from the source above; only supported instructions
+    // are in it.
+    let loaded = unsafe { libloading::Library::new(&lib.path) }.map_err(|e| CompileError::Io {
+        path: lib.path.clone(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    unsafe {
+        if let Ok(set) = loaded.get::<unsafe extern "C" fn(i32)>(b"tsl_set_threads") {
+            set(threads as i32);
+        }
+    }
+    for id in runnable {
+        let f = unsafe { loaded.get::<unsafe extern "C" fn(i64) -> f64>(symbol(&id).as_bytes()) };
+        let Ok(f) = f else { continue };
+        // Calibrate to about 0.2 s, then keep the best of three.
+        let mut iters = 1_000i64;
+        loop {
+            let t = Instant::now();
+            unsafe { f(iters) };
+            if t.elapsed().as_secs_f64() > 0.05 || iters > 1 << 34 {
+                break;
+            }
+            iters *= 4;
+        }
+        let mut best = 0.0f64;
+        for _ in 0..3 {
+            let t = Instant::now();
+            let ops = unsafe { f(iters * 4) };
+            best = best.max(ops / t.elapsed().as_secs_f64() / 1e9);
+        }
+        peaks.push(Peak {
+            intrinsic: id,
+            threads,
+            gops: best,
+        });
+    }
+    Ok(Peaks {
+        measured: peaks,
+        skipped,
+    })
+}
