@@ -6,6 +6,7 @@ use std::time::Duration;
 use tessel_cpu::{Compiler, CpuMeasurer, CpuOptions, TimingOptions, WorkerCommand};
 use tessel_intrin::{Catalog, HostCpu, Support};
 
+#[allow(unused_imports)]
 pub use tessel_cpu::reference::CPU_INSTRUCTIONS;
 
 /// A measurer for correctness tests: one timed run, instructions this CPU lacks emulated.
