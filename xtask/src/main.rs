@@ -1,4 +1,8 @@
-//! `cargo xtask`: tessel's pipelines. Today: `workloads`, `intrinsics`, `match`.
+//! `cargo xtask`: tessel's pipelines: `workloads`, `intrinsics`, `match`, `measure`, `bench cpu`.
+
+mod cpu;
+
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -47,6 +51,57 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Generates, compiles, checks and times one schedule on this CPU: the reference schedule
+    /// of --intrinsic (GEMM), a trace from --trace, or the naive loop nest.
+    Measure {
+        #[arg(long)]
+        workload: String,
+        /// A CPU instruction id: use its hand-written reference schedule.
+        #[arg(long, conflicts_with = "trace")]
+        intrinsic: Option<String>,
+        /// A trace (JSON) to measure.
+        #[arg(long)]
+        trace: Option<PathBuf>,
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// Run instructions this CPU lacks on their scalar emulation (correctness only).
+        #[arg(long)]
+        emulate: bool,
+        /// Print the generated code (`c`) or the trace (`trace`) instead of measuring.
+        #[arg(long)]
+        emit: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Benchmarks: `cpu` measures each instruction's reference GEMM beside the CPU's measured
+    /// peak and oneDNN.
+    Bench {
+        #[command(subcommand)]
+        target: BenchTarget,
+    },
+    /// The CPU measurement worker (started by the tuner itself).
+    #[command(hide = true)]
+    CpuWorker,
+}
+
+#[derive(Subcommand)]
+enum BenchTarget {
+    Cpu {
+        /// GEMM size (m = n = k).
+        #[arg(long, default_value_t = 1024)]
+        size: u64,
+        /// Thread counts to measure, comma separated.
+        #[arg(long, default_value = "1,2", value_delimiter = ',')]
+        threads: Vec<usize>,
+        /// Instruction ids (default: every CPU instruction).
+        #[arg(long, value_delimiter = ',')]
+        intrinsics: Vec<String>,
+        /// Skip the oneDNN baseline.
+        #[arg(long)]
+        no_onednn: bool,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Serialize)]
@@ -87,6 +142,34 @@ fn main() -> std::process::ExitCode {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
+        Command::CpuWorker => std::process::exit(tessel_cpu::worker::serve()),
+        Command::Measure {
+            workload,
+            intrinsic,
+            trace,
+            threads,
+            emulate,
+            emit,
+            json,
+        } => cpu::measure(
+            &workload,
+            intrinsic.as_deref(),
+            trace.as_deref(),
+            threads,
+            emulate,
+            emit.as_deref(),
+            json,
+        )?,
+        Command::Bench {
+            target:
+                BenchTarget::Cpu {
+                    size,
+                    threads,
+                    intrinsics,
+                    no_onednn,
+                    json,
+                },
+        } => cpu::bench(size, &threads, &intrinsics, !no_onednn, json)?,
         Command::Intrinsics { json } => intrinsics(json)?,
         Command::Match {
             workload,

@@ -154,6 +154,9 @@ pub fn measure_peaks(
             gops: best,
         });
     }
+    // Never unload: the object pulled in libgomp, whose idle pool threads would be left
+    // running in unmapped code.
+    std::mem::forget(loaded);
     Ok(Peaks {
         measured: peaks,
         skipped,

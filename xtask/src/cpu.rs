@@ -1,0 +1,397 @@
+//! `cargo xtask measure` and `cargo xtask bench cpu`: the CPU backend from the command line.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+use tessel_cpu::reference::{CPU_INSTRUCTIONS, gemm_spec, reference_gemm};
+use tessel_cpu::{Compiler, CpuMeasurer, CpuOptions, KernelJob, TimingOptions, WorkerCommand};
+use tessel_intrin::Catalog;
+use tessel_ir::{Trace, Workload};
+use tessel_measure::{Candidate, Measurer};
+
+/// The worker is this binary's hidden `cpu-worker` subcommand.
+pub fn worker_command() -> Result<WorkerCommand> {
+    WorkerCommand::current_exe(&["cpu-worker"]).context("cannot find the xtask executable")
+}
+
+pub fn measurer(threads: usize, emulate: bool) -> Result<CpuMeasurer> {
+    let opts = CpuOptions {
+        threads,
+        emulate,
+        ..CpuOptions::default()
+    };
+    Ok(CpuMeasurer::new(worker_command()?, opts)?)
+}
+
+#[derive(Serialize)]
+struct MeasureReport {
+    workload: String,
+    intrinsic: Option<String>,
+    threads: usize,
+    latency_ms: f64,
+    min_ms: f64,
+    gflops: f64,
+    runs: u32,
+    spread: f64,
+    compile_time_s: f64,
+    emulated: bool,
+    fingerprint: tessel_measure::HardwareFingerprint,
+}
+
+/// Measures one schedule of one workload: a trace file, or the reference schedule of an
+/// instruction (GEMM only).
+#[allow(clippy::too_many_arguments)]
+pub fn measure(
+    spec: &str,
+    intrinsic: Option<&str>,
+    trace: Option<&Path>,
+    threads: usize,
+    emulate: bool,
+    emit: Option<&str>,
+    json: bool,
+) -> Result<()> {
+    let workload: Workload = spec
+        .parse()
+        .with_context(|| format!("--workload `{spec}`"))?;
+    let trace = match (intrinsic, trace) {
+        (_, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read --trace {}", path.display()))?;
+            Trace::from_json(&text).with_context(|| format!("--trace {}", path.display()))?
+        }
+        (Some(id), None) => reference_gemm(&workload, id, None).map_err(anyhow::Error::msg)?,
+        (None, None) => Trace::new(),
+    };
+    let op = workload.to_op();
+    let mut m = measurer(threads, emulate)?;
+    let candidate = Candidate::new(op.clone(), trace.clone());
+    match emit {
+        Some("trace") => {
+            println!("{}", trace.to_json_pretty());
+            return Ok(());
+        }
+        Some("c") => {
+            let job = m.prepare(&candidate, "kernel").map_err(anyhow::Error::msg)?;
+            println!("{}", job.kernel.source);
+            return Ok(());
+        }
+        Some(other) => bail!("--emit takes c or trace, not `{other}`"),
+        None => {}
+    }
+    let r = m.measure(std::slice::from_ref(&candidate)).remove(0);
+    let r = r.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let report = MeasureReport {
+        workload: workload.to_string(),
+        intrinsic: intrinsic.map(str::to_string),
+        threads,
+        latency_ms: r.timing.median_s * 1e3,
+        min_ms: r.timing.min_s * 1e3,
+        gflops: r.gflops,
+        runs: r.timing.runs,
+        spread: r.timing.spread,
+        compile_time_s: r.compile_time_s,
+        emulated: r.emulated,
+        fingerprint: m.fingerprint().clone(),
+    };
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!("{workload}");
+        println!(
+            "  median {:.4} ms, min {:.4} ms over {} runs (spread {:.1}%): {:.1} GFLOP/s{}",
+            report.latency_ms,
+            report.min_ms,
+            report.runs,
+            100.0 * report.spread,
+            report.gflops,
+            if report.emulated {
+                "  [EMULATED: a correctness check, not a timing of the real instruction]"
+            } else {
+                ""
+            }
+        );
+        println!(
+            "  compile {:.2} s; {} on {} thread(s), {}",
+            report.compile_time_s, report.fingerprint.model, threads, report.fingerprint.compiler
+        );
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct BenchRow {
+    intrinsic: String,
+    threads: usize,
+    workload: String,
+    peak_gops: Option<f64>,
+    tessel_gops: Option<f64>,
+    percent_of_peak: Option<f64>,
+    onednn_gops: Option<f64>,
+    onednn_impl: Option<String>,
+    tessel_over_onednn: Option<f64>,
+    note: String,
+}
+
+#[derive(Serialize)]
+struct BenchReport {
+    fingerprint: tessel_measure::HardwareFingerprint,
+    size: u64,
+    rows: Vec<BenchRow>,
+    compile_ms_per_candidate_batched: f64,
+    compile_ms_single_candidate: f64,
+    batch_size: usize,
+    measure_overhead_ms_per_candidate: f64,
+}
+
+/// oneDNN's dtype name for an instruction's workload.
+fn onednn_dtype(id: &str) -> &'static str {
+    match id {
+        "amx.tdpbf16ps" | "avx512.vdpbf16ps" => "bf16",
+        "amx.tdpbusd" | "avx512.vpdpbusd" => "u8s8",
+        "amx.tdpbssd" => "s8s8",
+        _ => "f32",
+    }
+}
+
+/// Builds the oneDNN driver if Debian's libdnnl-dev is installed.
+fn build_onednn(cache: &Path) -> Result<PathBuf, String> {
+    let header = Path::new("/usr/include/oneapi/dnnl/dnnl.hpp");
+    if !header.exists() {
+        return Err("oneDNN not installed (apt-get install libdnnl-dev)".into());
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/tessel-cpu/bench/onednn_matmul.cpp");
+    let exe = cache.join("onednn_matmul");
+    let fresh = |p: &Path| p.metadata().and_then(|m| m.modified()).ok();
+    if exe.exists() && fresh(&exe) >= fresh(&src) {
+        return Ok(exe);
+    }
+    let out = Command::new("c++")
+        .args(["-O2", "-std=c++17"])
+        .arg(&src)
+        .args(["-ldnnl", "-o"])
+        .arg(&exe)
+        .output()
+        .map_err(|e| format!("cannot run c++: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the oneDNN driver did not build: {}",
+            String::from_utf8_lossy(&out.stderr).lines().take(5).collect::<Vec<_>>().join(" ")
+        ));
+    }
+    Ok(exe)
+}
+
+fn run_onednn(exe: &Path, size: u64, dtype: &str, threads: usize) -> Result<(f64, String), String> {
+    if dtype == "s8s8" {
+        return Err("oneDNN matmul takes u8 sources only".into());
+    }
+    let out = Command::new(exe)
+        .args([size.to_string(), size.to_string(), size.to_string(), dtype.to_string()])
+        .env("OMP_NUM_THREADS", threads.to_string())
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    if let Some(why) = text.strip_prefix("unsupported: ") {
+        return Err(format!("oneDNN: {}", why.trim()));
+    }
+    let field = |k: &str| {
+        text.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{k}=")))
+            .map(str::to_string)
+    };
+    let gflops = field("gflops")
+        .and_then(|g| g.parse::<f64>().ok())
+        .ok_or_else(|| format!("unreadable oneDNN output: {text}"))?;
+    Ok((gflops, field("impl").unwrap_or_default()))
+}
+
+pub fn bench(size: u64, threads: &[usize], ids: &[String], onednn: bool, json: bool) -> Result<()> {
+    let compiler = Compiler::new(Compiler::default_cache_dir())?;
+    let catalog = Catalog::default();
+    let ids: Vec<&str> = if ids.is_empty() {
+        CPU_INSTRUCTIONS.to_vec()
+    } else {
+        ids.iter().map(String::as_str).collect()
+    };
+    for id in &ids {
+        if catalog.get(id).is_none() {
+            bail!("unknown instruction `{id}` (CPU ones: {})", CPU_INSTRUCTIONS.join(", "));
+        }
+    }
+    let onednn_exe = if onednn {
+        build_onednn(compiler.cache_dir())
+    } else {
+        Err("skipped (--no-onednn)".into())
+    };
+    let fingerprint = tessel_cpu::fingerprint(threads.first().copied().unwrap_or(1), compiler.version());
+    if !json {
+        println!(
+            "tessel CPU benchmark: gemm {size}^3 on {} ({}), {}",
+            fingerprint.model, fingerprint.version, fingerprint.compiler
+        );
+        if let Err(why) = &onednn_exe {
+            println!("oneDNN: {why}");
+        }
+        println!(
+            "{:<20} {:>3} {:>11} {:>11} {:>7} {:>11}  {:<22} {:>8}",
+            "instruction", "thr", "peak GOP/s", "tessel", "% peak", "oneDNN", "oneDNN impl", "ratio"
+        );
+    }
+    let mut rows = Vec::new();
+    for &t in threads {
+        let peaks = tessel_cpu::peak::measure_peaks(&compiler, &ids, t)?;
+        let mut m = measurer(t, false)?;
+        for id in &ids {
+            let spec = gemm_spec(id, size, size, size);
+            let w: Workload = spec.parse()?;
+            let peak = peaks.measured.iter().find(|p| p.intrinsic == *id).map(|p| p.gops);
+            let mut row = BenchRow {
+                intrinsic: id.to_string(),
+                threads: t,
+                workload: spec.clone(),
+                peak_gops: peak,
+                tessel_gops: None,
+                percent_of_peak: None,
+                onednn_gops: None,
+                onednn_impl: None,
+                tessel_over_onednn: None,
+                note: String::new(),
+            };
+            if let Some((_, why)) = peaks.skipped.iter().find(|s| s.0 == *id) {
+                row.note = format!("skipped: {why}");
+            } else {
+                let trace = reference_gemm(&w, id, None).map_err(anyhow::Error::msg)?;
+                match m.measure(&[Candidate::new(w.to_op(), trace)]).remove(0) {
+                    Ok(r) => {
+                        row.tessel_gops = Some(r.gflops);
+                        row.percent_of_peak = peak.map(|p| 100.0 * r.gflops / p);
+                    }
+                    Err(e) => row.note = format!("tessel: {e}"),
+                }
+                match &onednn_exe {
+                    Ok(exe) => match run_onednn(exe, size, onednn_dtype(id), t) {
+                        Ok((g, imp)) => {
+                            row.onednn_gops = Some(g);
+                            row.onednn_impl = Some(imp);
+                            row.tessel_over_onednn = row.tessel_gops.map(|x| x / g);
+                        }
+                        Err(e) => row.note = e,
+                    },
+                    Err(_) => {}
+                }
+            }
+            if !json {
+                let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1}"));
+                println!(
+                    "{:<20} {:>3} {:>11} {:>11} {:>7} {:>11}  {:<22} {:>8}  {}",
+                    row.intrinsic,
+                    t,
+                    f(row.peak_gops),
+                    f(row.tessel_gops),
+                    f(row.percent_of_peak),
+                    f(row.onednn_gops),
+                    row.onednn_impl.clone().unwrap_or_default(),
+                    row.tessel_over_onednn.map_or("-".into(), |r| format!("{r:.2}x")),
+                    row.note
+                );
+            }
+            rows.push(row);
+        }
+    }
+    let (batched, single, batch_size) = compile_times(&compiler)?;
+    let overhead = measure_overhead()?;
+    if !json {
+        println!(
+            "compile: {:.0} ms per candidate in a batch of {batch_size} (one candidate alone: {:.0} ms)",
+            batched, single
+        );
+        println!(
+            "measurement overhead: {overhead:.2} ms per candidate (worker round trip, input setup, reference check)"
+        );
+    }
+    let report = BenchReport {
+        fingerprint,
+        size,
+        rows,
+        compile_ms_per_candidate_batched: batched,
+        compile_ms_single_candidate: single,
+        batch_size,
+        measure_overhead_ms_per_candidate: overhead,
+    };
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    }
+    Ok(())
+}
+
+/// Compile time of a batch of reference-schedule variants in one object, per candidate, and
+/// of one candidate alone (fresh builds: a nonce defeats the cache).
+fn compile_times(compiler: &Compiler) -> Result<(f64, f64, usize)> {
+    let catalog = Catalog::default();
+    let w: Workload = gemm_spec("avx2.vfmadd231ps", 256, 256, 256).parse()?;
+    let op = w.to_op();
+    let mut kernels = Vec::new();
+    for (i, (mr, kc)) in [(1, 64), (2, 64), (4, 64), (1, 128), (2, 128), (4, 128), (2, 256), (4, 256)]
+        .into_iter()
+        .enumerate()
+    {
+        for id in ["avx2.vfmadd231ps", "avx512.vfmadd231ps"] {
+            let plan = tessel_cpu::reference::GemmPlan { mr, nr: 2, kc };
+            let t = reference_gemm(&w, id, Some(plan)).map_err(anyhow::Error::msg)?;
+            let p = t.lower(&op, &catalog)?;
+            kernels.push(tessel_cpu::generate(&p, &format!("k{i}_{}", kernels.len()), &catalog)?);
+        }
+    }
+    let nonce = format!("/* {:?} */\n", Instant::now());
+    let features = kernels.iter().flat_map(|k| k.features.iter().cloned()).collect();
+    let refs: Vec<&tessel_cpu::Kernel> = kernels.iter().collect();
+    let all = compiler.compile(
+        &format!("{nonce}{}", tessel_cpu::module_source(&refs)),
+        &features,
+        tessel_cpu::Mode::Native,
+    )?;
+    let one = compiler.compile(
+        &format!("{nonce}{}", tessel_cpu::module_source(&refs[..1])),
+        &refs[0].features,
+        tessel_cpu::Mode::Native,
+    )?;
+    Ok((
+        all.compile_time.as_secs_f64() * 1e3 / kernels.len() as f64,
+        one.compile_time.as_secs_f64() * 1e3,
+        kernels.len(),
+    ))
+}
+
+/// Wall time per candidate of measuring already-compiled tiny kernels, beyond their own run
+/// time: the worker round trip, input preparation and the reference check.
+fn measure_overhead() -> Result<f64> {
+    let mut m = CpuMeasurer::new(
+        worker_command()?,
+        CpuOptions {
+            timing: TimingOptions {
+                warmup: 0,
+                min_runs: 1,
+                max_runs: 1,
+                min_time_s: 0.0,
+            },
+            ..CpuOptions::default()
+        },
+    )?;
+    // Twenty distinct tiny GEMMs on the same shape family; the naive schedule.
+    let jobs: Vec<Result<KernelJob, tessel_measure::MeasureError>> = (0..20)
+        .map(|i| {
+            let w: Workload = format!("gemm:m=16,n=16,k={},dtype=f32", 16 + i).parse()?;
+            Ok(m.prepare(&Candidate::new(w.to_op(), Trace::new()), &format!("k{i}")))
+        })
+        .collect::<Result<_>>()?;
+    // The first pass compiles and prepares inputs; the second is the steady state of tuning.
+    let _ = m.measure_kernels(&jobs);
+    let start = Instant::now();
+    let r = m.measure_kernels(&jobs);
+    let wall = start.elapsed().as_secs_f64();
+    let kernel: f64 = r.iter().filter_map(|x| x.as_ref().ok()).map(|x| x.timing.median_s).sum();
+    Ok((wall - kernel) * 1e3 / jobs.len() as f64)
+}
