@@ -74,7 +74,9 @@ pub fn measure(
             return Ok(());
         }
         Some("c") => {
-            let job = m.prepare(&candidate, "kernel").map_err(anyhow::Error::msg)?;
+            let job = m
+                .prepare(&candidate, "kernel")
+                .map_err(anyhow::Error::msg)?;
             println!("{}", job.kernel.source);
             return Ok(());
         }
@@ -162,7 +164,8 @@ fn build_onednn(cache: &Path) -> Result<PathBuf, String> {
     if !header.exists() {
         return Err("oneDNN not installed (apt-get install libdnnl-dev)".into());
     }
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/tessel-cpu/bench/onednn_matmul.cpp");
+    let src =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/tessel-cpu/bench/onednn_matmul.cpp");
     let exe = cache.join("onednn_matmul");
     let fresh = |p: &Path| p.metadata().and_then(|m| m.modified()).ok();
     if exe.exists() && fresh(&exe) >= fresh(&src) {
@@ -178,7 +181,11 @@ fn build_onednn(cache: &Path) -> Result<PathBuf, String> {
     if !out.status.success() {
         return Err(format!(
             "the oneDNN driver did not build: {}",
-            String::from_utf8_lossy(&out.stderr).lines().take(5).collect::<Vec<_>>().join(" ")
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .take(5)
+                .collect::<Vec<_>>()
+                .join(" ")
         ));
     }
     Ok(exe)
@@ -189,7 +196,12 @@ fn run_onednn(exe: &Path, size: u64, dtype: &str, threads: usize) -> Result<(f64
         return Err("oneDNN matmul takes u8 sources only".into());
     }
     let out = Command::new(exe)
-        .args([size.to_string(), size.to_string(), size.to_string(), dtype.to_string()])
+        .args([
+            size.to_string(),
+            size.to_string(),
+            size.to_string(),
+            dtype.to_string(),
+        ])
         .env("OMP_NUM_THREADS", threads.to_string())
         .output()
         .map_err(|e| e.to_string())?;
@@ -218,7 +230,10 @@ pub fn bench(size: u64, threads: &[usize], ids: &[String], onednn: bool, json: b
     };
     for id in &ids {
         if catalog.get(id).is_none() {
-            bail!("unknown instruction `{id}` (CPU ones: {})", CPU_INSTRUCTIONS.join(", "));
+            bail!(
+                "unknown instruction `{id}` (CPU ones: {})",
+                CPU_INSTRUCTIONS.join(", ")
+            );
         }
     }
     let onednn_exe = if onednn {
@@ -226,7 +241,8 @@ pub fn bench(size: u64, threads: &[usize], ids: &[String], onednn: bool, json: b
     } else {
         Err("skipped (--no-onednn)".into())
     };
-    let fingerprint = tessel_cpu::fingerprint(threads.first().copied().unwrap_or(1), compiler.version());
+    let fingerprint =
+        tessel_cpu::fingerprint(threads.first().copied().unwrap_or(1), compiler.version());
     if !json {
         println!(
             "tessel CPU benchmark: gemm {size}^3 on {} ({}), {}",
@@ -237,7 +253,14 @@ pub fn bench(size: u64, threads: &[usize], ids: &[String], onednn: bool, json: b
         }
         println!(
             "{:<20} {:>3} {:>11} {:>11} {:>7} {:>11}  {:<22} {:>8}",
-            "instruction", "thr", "peak GOP/s", "tessel", "% peak", "oneDNN", "oneDNN impl", "ratio"
+            "instruction",
+            "thr",
+            "peak GOP/s",
+            "tessel",
+            "% peak",
+            "oneDNN",
+            "oneDNN impl",
+            "ratio"
         );
     }
     let mut rows = Vec::new();
@@ -247,7 +270,11 @@ pub fn bench(size: u64, threads: &[usize], ids: &[String], onednn: bool, json: b
         for id in &ids {
             let spec = gemm_spec(id, size, size, size);
             let w: Workload = spec.parse()?;
-            let peak = peaks.measured.iter().find(|p| p.intrinsic == *id).map(|p| p.gops);
+            let peak = peaks
+                .measured
+                .iter()
+                .find(|p| p.intrinsic == *id)
+                .map(|p| p.gops);
             let mut row = BenchRow {
                 intrinsic: id.to_string(),
                 threads: t,
@@ -294,7 +321,8 @@ pub fn bench(size: u64, threads: &[usize], ids: &[String], onednn: bool, json: b
                     f(row.percent_of_peak),
                     f(row.onednn_gops),
                     row.onednn_impl.clone().unwrap_or_default(),
-                    row.tessel_over_onednn.map_or("-".into(), |r| format!("{r:.2}x")),
+                    row.tessel_over_onednn
+                        .map_or("-".into(), |r| format!("{r:.2}x")),
                     row.note
                 );
             }
@@ -334,19 +362,35 @@ fn compile_times(compiler: &Compiler) -> Result<(f64, f64, usize)> {
     let w: Workload = gemm_spec("avx2.vfmadd231ps", 256, 256, 256).parse()?;
     let op = w.to_op();
     let mut kernels = Vec::new();
-    for (i, (mr, kc)) in [(1, 64), (2, 64), (4, 64), (1, 128), (2, 128), (4, 128), (2, 256), (4, 256)]
-        .into_iter()
-        .enumerate()
+    for (i, (mr, kc)) in [
+        (1, 64),
+        (2, 64),
+        (4, 64),
+        (1, 128),
+        (2, 128),
+        (4, 128),
+        (2, 256),
+        (4, 256),
+    ]
+    .into_iter()
+    .enumerate()
     {
         for id in ["avx2.vfmadd231ps", "avx512.vfmadd231ps"] {
             let plan = tessel_cpu::reference::GemmPlan { mr, nr: 2, kc };
             let t = reference_gemm(&w, id, Some(plan)).map_err(anyhow::Error::msg)?;
             let p = t.lower(&op, &catalog)?;
-            kernels.push(tessel_cpu::generate(&p, &format!("k{i}_{}", kernels.len()), &catalog)?);
+            kernels.push(tessel_cpu::generate(
+                &p,
+                &format!("k{i}_{}", kernels.len()),
+                &catalog,
+            )?);
         }
     }
     let nonce = format!("/* {:?} */\n", Instant::now());
-    let features = kernels.iter().flat_map(|k| k.features.iter().cloned()).collect();
+    let features = kernels
+        .iter()
+        .flat_map(|k| k.features.iter().cloned())
+        .collect();
     let refs: Vec<&tessel_cpu::Kernel> = kernels.iter().collect();
     let all = compiler.compile(
         &format!("{nonce}{}", tessel_cpu::module_source(&refs)),
@@ -392,6 +436,10 @@ fn measure_overhead() -> Result<f64> {
     let start = Instant::now();
     let r = m.measure_kernels(&jobs);
     let wall = start.elapsed().as_secs_f64();
-    let kernel: f64 = r.iter().filter_map(|x| x.as_ref().ok()).map(|x| x.timing.median_s).sum();
+    let kernel: f64 = r
+        .iter()
+        .filter_map(|x| x.as_ref().ok())
+        .map(|x| x.timing.median_s)
+        .sum();
     Ok((wall - kernel) * 1e3 / jobs.len() as f64)
 }

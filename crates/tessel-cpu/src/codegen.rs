@@ -1219,24 +1219,26 @@ impl<'p> Gen<'p> {
             self.line(&h);
             self.depth += 1;
             let (ta, tb) = operand_types(ins.family);
-            for (i, f) in frags[0].iter().enumerate() {
-                self.line(&format!("{ta} tsl_a{i} = {};", bcast(ins.family, f)));
-            }
+            // B fragments first, then one broadcast of A at a time with every product that
+            // uses it: live registers stay at accumulators + B + 1.
             for (i, f) in frags[1].iter().enumerate() {
                 self.line(&format!("{tb} tsl_b{i} = {};", vload(ins.family, f)));
             }
-            for ids in &plan {
-                let c = format!("tsl_c{}", ids[2]);
-                let s = format!(
-                    "{c} = {};",
-                    vector_op(
-                        ins.family,
-                        &c,
-                        &format!("tsl_a{}", ids[0]),
-                        &format!("tsl_b{}", ids[1])
-                    )
-                );
-                self.line(&s);
+            for (i, f) in frags[0].iter().enumerate() {
+                self.line(&format!("{ta} tsl_a{i} = {};", bcast(ins.family, f)));
+                for ids in plan.iter().filter(|p| p[0] == i) {
+                    let c = format!("tsl_c{}", ids[2]);
+                    let s = format!(
+                        "{c} = {};",
+                        vector_op(
+                            ins.family,
+                            &c,
+                            &format!("tsl_a{}", ids[0]),
+                            &format!("tsl_b{}", ids[1])
+                        )
+                    );
+                    self.line(&s);
+                }
             }
             self.depth -= 1;
             self.line("}");

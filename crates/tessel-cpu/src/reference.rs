@@ -38,7 +38,7 @@ impl GemmPlan {
             .copied()
             .find(|&c| m.is_multiple_of(c * mi))
             .unwrap_or(1);
-        let kc = [256u64, 128, 64, 32, 16, 8, 4, 2, 1]
+        let kc = [512u64, 256, 128, 64, 32, 16, 8, 4, 2, 1]
             .into_iter()
             .find(|&c| k.is_multiple_of(c))
             .unwrap_or(1);
@@ -86,16 +86,18 @@ pub fn reference_gemm(
     t.reorder(&[
         "n.0", "k.0", "m.0", "k.1", "m.1", "n.1", "m.2", "n.2", "k.2",
     ]);
-    // B: [K, N] -> [N / ni, K / group, ni, group]: every instruction tile of B is contiguous
-    // and in the instruction's (VNNI) layout.
+    // B: [K, N] -> [N / nb, K / group, nb, group] with nb = nr * ni, the register block's
+    // columns: for each k, the block's B values are contiguous (one stream, no cache-set
+    // conflicts between the block's columns) and in the instruction's (VNNI) layout.
+    let nb = plan.nr * ni;
     let layout = if group > 1 {
         LayoutTransform {
-            splits: vec![(0, group), (1, ni)],
+            splits: vec![(0, group), (1, nb)],
             order: vec![2, 0, 3, 1],
         }
     } else {
         LayoutTransform {
-            splits: vec![(1, ni)],
+            splits: vec![(1, nb)],
             order: vec![1, 0, 2],
         }
     };
