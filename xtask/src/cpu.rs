@@ -298,16 +298,15 @@ pub fn bench(size: u64, threads: &[usize], ids: &[String], onednn: bool, json: b
                     }
                     Err(e) => row.note = format!("tessel: {e}"),
                 }
-                match &onednn_exe {
-                    Ok(exe) => match run_onednn(exe, size, onednn_dtype(id), t) {
+                if let Ok(exe) = &onednn_exe {
+                    match run_onednn(exe, size, onednn_dtype(id), t) {
                         Ok((g, imp)) => {
                             row.onednn_gops = Some(g);
                             row.onednn_impl = Some(imp);
                             row.tessel_over_onednn = row.tessel_gops.map(|x| x / g);
                         }
                         Err(e) => row.note = e,
-                    },
-                    Err(_) => {}
+                    }
                 }
             }
             if !json {
