@@ -482,6 +482,7 @@ impl<'p> Gen<'p> {
     fn read(&self, r: &BufferRef, conds: &[String]) -> String {
         let mut all: Vec<String> = conds.to_vec();
         all.extend(self.bounds(r));
+        dedup(&mut all);
         if all.is_empty() {
             self.element(r)
         } else {
@@ -500,7 +501,8 @@ impl<'p> Gen<'p> {
         }
     }
 
-    fn guarded(&mut self, conds: Vec<String>, stmt: &str) {
+    fn guarded(&mut self, mut conds: Vec<String>, stmt: &str) {
+        dedup(&mut conds);
         if conds.is_empty() {
             self.line(stmt);
         } else {
@@ -658,6 +660,7 @@ impl<'p> Gen<'p> {
         let dt = self.p.buffers[dst.buffer].dtype;
         let mut conds: Vec<String> = guards.iter().map(|g| self.guard_c(g)).collect();
         conds.extend(self.bounds(dst));
+        dedup(&mut conds);
         let head = if conds.is_empty() {
             "{".to_string()
         } else {
@@ -1058,6 +1061,7 @@ impl<'p> Gen<'p> {
         ));
         let mut conds = self.role_guards(c, Role::C, lv);
         conds.extend(self.bounds(&c.acc));
+        dedup(&mut conds);
         let s = format!(
             "{} = {name}[{}];",
             self.element(&c.acc),
@@ -1250,6 +1254,12 @@ impl<'p> Gen<'p> {
         self.line("}");
         Ok(true)
     }
+}
+
+/// Drops repeated conditions, keeping the first of each.
+fn dedup(conds: &mut Vec<String>) {
+    let mut seen = HashSet::new();
+    conds.retain(|c| seen.insert(c.clone()));
 }
 
 fn advance(point: &mut [i64], extents: &[u64]) -> bool {
