@@ -146,6 +146,7 @@ struct BenchReport {
     compile_ms_single_candidate: f64,
     batch_size: usize,
     measure_overhead_ms_per_candidate: f64,
+    timer_overhead_ns: f64,
 }
 
 /// oneDNN's dtype name for an instruction's workload.
@@ -330,7 +331,12 @@ pub fn bench(size: u64, threads: &[usize], ids: &[String], onednn: bool, json: b
     }
     let (batched, single, batch_size) = compile_times(&compiler)?;
     let overhead = measure_overhead()?;
+    let timer_ns = timer_overhead_ns();
     if !json {
+        println!(
+            "timer: {timer_ns:.0} ns per timed run ({:.2}% of a 10 us kernel)",
+            timer_ns / 100.0
+        );
         println!(
             "compile: {:.0} ms per candidate in a batch of {batch_size} (one candidate alone: {:.0} ms)",
             batched, single
@@ -347,6 +353,7 @@ pub fn bench(size: u64, threads: &[usize], ids: &[String], onednn: bool, json: b
         compile_ms_single_candidate: single,
         batch_size,
         measure_overhead_ms_per_candidate: overhead,
+        timer_overhead_ns: timer_ns,
     };
     if json {
         println!("{}", serde_json::to_string(&report)?);
@@ -441,4 +448,17 @@ fn measure_overhead() -> Result<f64> {
         .map(|x| x.timing.median_s)
         .sum();
     Ok((wall - kernel) * 1e3 / jobs.len() as f64)
+}
+
+/// What the worker's per-run timing costs: one `Instant::now()` pair and an elapsed().
+fn timer_overhead_ns() -> f64 {
+    let n = 1_000_000;
+    let start = Instant::now();
+    let mut sink = 0.0;
+    for _ in 0..n {
+        let t = Instant::now();
+        sink += t.elapsed().as_secs_f64();
+    }
+    std::hint::black_box(sink);
+    start.elapsed().as_secs_f64() * 1e9 / n as f64
 }
