@@ -7,7 +7,8 @@
 //! candidate never stops the others. Every result is tied to a [`HardwareFingerprint`].
 //!
 //! The CPU backend (tessel-cpu) and the GPU backend implement [`Measurer`]; the search only
-//! sees this trait.
+//! sees this trait. The search ranks candidates before measuring them with a [`CostModel`]
+//! (random, analytical, or tessel-model's learned one), the other seam defined here.
 //!
 //! ```
 //! use tessel_measure::{Candidate, MeasureError, MeasureErrorKind, MeasureResult, Measurer,
@@ -36,7 +37,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use tessel_ir::{ComputeOp, Trace};
+use tessel_ir::{ComputeOp, Program, Trace};
 
 /// One program to measure: an operator and the schedule that computes it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -197,6 +198,19 @@ pub trait Measurer {
     fn fingerprint(&self) -> &HardwareFingerprint;
 
     fn measure(&mut self, candidates: &[Candidate]) -> Vec<MeasureResult>;
+}
+
+/// Scores lowered programs so the search can measure the promising ones first, and learns
+/// from what was measured.
+pub trait CostModel {
+    /// A short name for reports (`random`, `analytical`, a model file).
+    fn name(&self) -> String;
+
+    /// One score per program, higher meaning faster (any scale; only the order matters).
+    fn predict(&mut self, programs: &[&Program]) -> Vec<f64>;
+
+    /// Learns from measured programs (results in the same order).
+    fn update(&mut self, programs: &[&Program], results: &[MeasureResult]);
 }
 
 #[cfg(test)]

@@ -1,0 +1,178 @@
+//! Tuning records: JSON Lines, one measured candidate per line, append-only.
+//!
+//! A batch is written, flushed and synced before the next one is measured, so a kill loses at
+//! most the batch in flight. Reading a log reports every corrupt or truncated line with its
+//! number and skips it; it never fails the whole log.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tessel_ir::Trace;
+use tessel_measure::{HardwareFingerprint, MeasureError, Measurement};
+
+use crate::error::SearchError;
+
+/// The version written into every record.
+pub const TESSEL_VERSION: &str = concat!("tessel ", env!("CARGO_PKG_VERSION"));
+
+/// One measured candidate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TuningRecord {
+    /// The workload spec (`gemm:m=...`).
+    pub workload: String,
+    /// `cpu`, `cpu:emulated`, `sim:a100`, ...
+    pub target: String,
+    pub fingerprint: HardwareFingerprint,
+    pub trace: Trace,
+    /// The instruction and mapping (`amx.tdpbf16ps: m <- (m) ...`), absent for the fallback.
+    pub mapping: Option<String>,
+    pub result: Result<Measurement, MeasureError>,
+    pub version: String,
+    /// Seconds since the Unix epoch.
+    pub time: f64,
+}
+
+impl TuningRecord {
+    /// Median latency in seconds, if the candidate ran.
+    pub fn latency(&self) -> Option<f64> {
+        self.result.as_ref().ok().map(|m| m.timing.median_s)
+    }
+
+    /// What identifies a measured candidate: workload, target, machine and trace.
+    pub fn key(&self) -> RecordKey {
+        RecordKey::new(&self.workload, &self.target, &self.fingerprint, &self.trace)
+    }
+}
+
+/// Identity of a candidate for resuming: the same key is never measured twice.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RecordKey(String);
+
+impl RecordKey {
+    pub fn new(workload: &str, target: &str, fp: &HardwareFingerprint, trace: &Trace) -> Self {
+        RecordKey(format!(
+            "{workload}|{target}|{}|{}",
+            fp.key(),
+            trace.to_json()
+        ))
+    }
+}
+
+/// A line of a log that could not be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CorruptLine {
+    pub line: usize,
+    pub reason: String,
+}
+
+/// Everything a log holds.
+#[derive(Debug, Default)]
+pub struct LogContents {
+    pub records: Vec<TuningRecord>,
+    pub corrupt: Vec<CorruptLine>,
+}
+
+/// Reads every record of `path`; a missing file is an empty log.
+pub fn read_log(path: &Path) -> Result<LogContents, SearchError> {
+    let io = |source| SearchError::Log {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(LogContents::default()),
+        Err(e) => return Err(io(e)),
+    };
+    let mut out = LogContents::default();
+    for (i, line) in BufReader::new(file).split(b'\n').enumerate() {
+        let line = line.map_err(io)?;
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let parsed = std::str::from_utf8(&line)
+            .map_err(|e| e.to_string())
+            .and_then(|s| serde_json::from_str::<TuningRecord>(s).map_err(|e| e.to_string()));
+        match parsed {
+            Ok(r) => out.records.push(r),
+            Err(reason) => out.corrupt.push(CorruptLine {
+                line: i + 1,
+                reason,
+            }),
+        }
+    }
+    Ok(out)
+}
+
+/// An open log to append batches to.
+pub struct RecordLog {
+    path: PathBuf,
+    file: File,
+}
+
+impl RecordLog {
+    /// Opens (or creates) `path` for appending. A last line cut short by a kill is ended, so
+    /// that the next record starts on a line of its own.
+    pub fn open(path: &Path) -> Result<Self, SearchError> {
+        let io = |source| SearchError::Log {
+            path: path.to_path_buf(),
+            source,
+        };
+        if let Some(dir) = path.parent()
+            && !dir.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        let mut file = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(path)
+            .map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        if len > 0 {
+            let mut last = [0u8; 1];
+            file.seek(SeekFrom::Start(len - 1)).map_err(io)?;
+            file.read_exact(&mut last).map_err(io)?;
+            if last[0] != b'\n' {
+                file.write_all(b"\n").map_err(io)?;
+            }
+        }
+        Ok(RecordLog {
+            path: path.to_path_buf(),
+            file,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends a batch and syncs it to disk.
+    pub fn append(&mut self, records: &[TuningRecord]) -> Result<(), SearchError> {
+        let io = |source| SearchError::Log {
+            path: self.path.clone(),
+            source,
+        };
+        let mut text = String::new();
+        for r in records {
+            let line = serde_json::to_string(r).map_err(|e| SearchError::Encode(e.to_string()))?;
+            text.push_str(&line);
+            text.push('\n');
+        }
+        // One write per batch: a kill leaves whole lines, or one cut-short last line.
+        self.file.write_all(text.as_bytes()).map_err(io)?;
+        self.file.flush().map_err(io)?;
+        self.file.sync_data().map_err(io)?;
+        Ok(())
+    }
+}
+
+/// Seconds since the Unix epoch, now.
+pub fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}

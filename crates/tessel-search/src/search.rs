@@ -1,0 +1,424 @@
+//! Evolutionary search per task and the multi-task tuner.
+//!
+//! Each round picks a task (Ansor-style: where the network's estimated latency can drop the
+//! most), proposes a batch for it (a population sampled from the space and mutated from the
+//! best measured sketches, ranked by the [`CostModel`], the top of it plus an epsilon share of
+//! random candidates), measures the batch, appends it to the log, and updates the model.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use serde::Serialize;
+use tessel_ir::{Program, Trace, Workload};
+use tessel_measure::{CostModel, MeasureResult, Measurer};
+
+use crate::error::SearchError;
+use crate::records::{RecordLog, TESSEL_VERSION, TuningRecord, now};
+use crate::rng::Rng;
+use crate::space::{InstructionSet, Sketch, Space};
+
+/// Scores uniformly at random: the baseline every learned model must beat.
+pub struct RandomModel {
+    rng: Rng,
+}
+
+impl RandomModel {
+    pub fn new(seed: u64) -> Self {
+        RandomModel {
+            rng: Rng::new(seed ^ 0x5eed),
+        }
+    }
+}
+
+impl CostModel for RandomModel {
+    fn name(&self) -> String {
+        "random".into()
+    }
+
+    fn predict(&mut self, programs: &[&Program]) -> Vec<f64> {
+        programs.iter().map(|_| self.rng.unit()).collect()
+    }
+
+    fn update(&mut self, _programs: &[&Program], _results: &[MeasureResult]) {}
+}
+
+/// Knobs of the search; the same options and seed give the same run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SearchOptions {
+    /// Sketches per generation.
+    pub population: usize,
+    /// Rounds of mutation and selection by the model before a batch is chosen.
+    pub generations: usize,
+    /// Candidates measured per round.
+    pub batch: usize,
+    /// Share of each batch drawn at random instead of by score.
+    pub epsilon: f64,
+    pub seed: u64,
+}
+
+impl Default for SearchOptions {
+    fn default() -> Self {
+        SearchOptions {
+            population: 64,
+            generations: 2,
+            batch: 16,
+            epsilon: 0.2,
+            seed: 1,
+        }
+    }
+}
+
+/// The best candidate of a task so far.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Best {
+    pub latency_s: f64,
+    pub gflops: f64,
+    pub trace: Trace,
+    pub mapping: Option<String>,
+}
+
+/// One workload to tune and what is known of it.
+pub struct Task {
+    pub workload: Workload,
+    pub weight: u64,
+    space: Space,
+    measured: HashSet<String>,
+    elites: Vec<(f64, Sketch)>,
+    pub best: Option<Best>,
+    /// Candidates measured (this run and resumed from the log).
+    pub trials: usize,
+    /// Best latency after each round, for the task scheduler.
+    history: Vec<f64>,
+    /// Set when the space has nothing left to propose.
+    pub exhausted: bool,
+}
+
+impl Task {
+    pub fn new(workload: Workload, weight: u64, set: &InstructionSet) -> Self {
+        let op = workload.to_op();
+        Task {
+            space: Space::new(&op, set),
+            workload,
+            weight,
+            measured: HashSet::new(),
+            elites: Vec::new(),
+            best: None,
+            trials: 0,
+            history: Vec::new(),
+            exhausted: false,
+        }
+    }
+
+    pub fn space(&self) -> &Space {
+        &self.space
+    }
+
+    /// weight x best latency (seconds), the task's share of the network's estimated latency.
+    pub fn weighted_latency(&self) -> Option<f64> {
+        self.best.as_ref().map(|b| b.latency_s * self.weight as f64)
+    }
+
+    fn record(
+        &mut self,
+        trace: &Trace,
+        mapping: Option<String>,
+        sketch: Option<&Sketch>,
+        r: &MeasureResult,
+    ) {
+        self.trials += 1;
+        self.measured.insert(trace.to_json());
+        let Ok(m) = r else { return };
+        let lat = m.timing.median_s;
+        if let Some(s) = sketch {
+            self.elites.push((lat, s.clone()));
+            self.elites.sort_by(|a, b| a.0.total_cmp(&b.0));
+            self.elites.truncate(16);
+        }
+        if self.best.as_ref().is_none_or(|b| lat < b.latency_s) {
+            self.best = Some(Best {
+                latency_s: lat,
+                gflops: m.gflops,
+                trace: trace.clone(),
+                mapping,
+            });
+        }
+    }
+}
+
+/// Counters of a tuning run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Stats {
+    /// Candidates measured in this run (errors included).
+    pub measured: usize,
+    pub errors: usize,
+    /// Records taken from the log instead of being measured again.
+    pub resumed: usize,
+    /// Corrupt lines skipped in the log.
+    pub corrupt_lines: usize,
+    /// Samples rejected before compilation (capacity checks, invalid schedules).
+    pub rejected: usize,
+    /// Wall time inside the measurer (code generation, compilation, measurement).
+    pub measure_time_s: f64,
+    /// Wall time of the whole run.
+    pub total_time_s: f64,
+}
+
+impl Stats {
+    /// Everything but compiling and measuring, in seconds.
+    pub fn search_overhead_s(&self) -> f64 {
+        (self.total_time_s - self.measure_time_s).max(0.0)
+    }
+}
+
+/// Where a run stands, for progress bars.
+#[derive(Clone)]
+pub struct Progress<'a> {
+    pub trials: usize,
+    pub total: usize,
+    pub task: &'a Task,
+}
+
+/// Drives the search over tasks: proposes, measures, logs, learns.
+pub struct Tuner<'a> {
+    measurer: &'a mut dyn Measurer,
+    model: &'a mut dyn CostModel,
+    log: Option<RecordLog>,
+    target: String,
+    opts: SearchOptions,
+    rng: Rng,
+    pub stats: Stats,
+}
+
+struct Proposal {
+    sketch: Sketch,
+    trace: Trace,
+    program: Program,
+}
+
+impl<'a> Tuner<'a> {
+    pub fn new(
+        measurer: &'a mut dyn Measurer,
+        model: &'a mut dyn CostModel,
+        log: Option<RecordLog>,
+        target: &str,
+        opts: SearchOptions,
+    ) -> Self {
+        let rng = Rng::new(opts.seed);
+        Tuner {
+            measurer,
+            model,
+            log,
+            target: target.to_string(),
+            opts,
+            rng,
+            stats: Stats::default(),
+        }
+    }
+
+    /// Takes what the log already holds for these tasks on this target and machine: those
+    /// candidates count as trials, set the bests, and are never measured again.
+    pub fn resume(&mut self, tasks: &mut [Task], records: &[TuningRecord]) {
+        let fp = self.measurer.fingerprint().key();
+        for r in records {
+            if r.target != self.target || r.fingerprint.key() != fp {
+                continue;
+            }
+            let spec = r.workload.as_str();
+            if let Some(t) = tasks.iter_mut().find(|t| t.workload.to_string() == spec)
+                && !t.measured.contains(&r.trace.to_json())
+            {
+                t.record(&r.trace, r.mapping.clone(), None, &r.result);
+                self.stats.resumed += 1;
+            }
+        }
+    }
+
+    /// Tunes until every task together has `trials` measured candidates (resumed ones count)
+    /// or every space is exhausted.
+    pub fn tune(
+        &mut self,
+        tasks: &mut [Task],
+        trials: usize,
+        progress: &mut dyn FnMut(&Progress),
+    ) -> Result<(), SearchError> {
+        if tasks.is_empty() {
+            return Err(SearchError::NoTasks);
+        }
+        let start = Instant::now();
+        loop {
+            let done: usize = tasks.iter().map(|t| t.trials).sum();
+            if done >= trials || tasks.iter().all(|t| t.exhausted) {
+                break;
+            }
+            let Some(ti) = self.pick_task(tasks) else {
+                break;
+            };
+            let room = (trials - done).min(self.opts.batch.max(1));
+            let proposals = self.propose(&mut tasks[ti], room);
+            if proposals.is_empty() {
+                tasks[ti].exhausted = true;
+                continue;
+            }
+            self.measure_batch(&mut tasks[ti], proposals)?;
+            let best = tasks[ti]
+                .best
+                .as_ref()
+                .map_or(f64::INFINITY, |b| b.latency_s);
+            tasks[ti].history.push(best);
+            progress(&Progress {
+                trials: tasks.iter().map(|t| t.trials).sum(),
+                total: trials,
+                task: &tasks[ti],
+            });
+        }
+        self.stats.total_time_s += start.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// The task where the next batch should most reduce sum(weight x best latency): tasks
+    /// never measured first (heaviest first), then weight x latency x recent improvement,
+    /// with a floor so that no task starves.
+    fn pick_task(&mut self, tasks: &[Task]) -> Option<usize> {
+        let open: Vec<usize> = (0..tasks.len()).filter(|&i| !tasks[i].exhausted).collect();
+        if let Some(&i) = open
+            .iter()
+            .filter(|&&i| tasks[i].best.is_none() && tasks[i].history.len() < 2)
+            .max_by_key(|&&i| tasks[i].weight * tasks[i].workload.flops())
+        {
+            return Some(i);
+        }
+        open.into_iter().max_by(|&a, &b| {
+            let score = |t: &Task| {
+                let Some(w) = t.weighted_latency() else {
+                    return 0.0;
+                };
+                let h = &t.history;
+                let gain = if h.len() >= 3 {
+                    ((h[h.len() - 3] - h[h.len() - 1]) / h[h.len() - 3]).max(0.0)
+                } else {
+                    1.0
+                };
+                w * (gain + 0.05)
+            };
+            score(&tasks[a]).total_cmp(&score(&tasks[b]))
+        })
+    }
+
+    fn valid(&mut self, task: &Task, s: Sketch) -> Option<Proposal> {
+        match task.space.lower(&s) {
+            Ok((trace, program)) => Some(Proposal {
+                sketch: s,
+                trace,
+                program,
+            }),
+            Err(_) => {
+                self.stats.rejected += 1;
+                None
+            }
+        }
+    }
+
+    fn random_valid(&mut self, task: &Task, attempts: usize) -> Vec<Proposal> {
+        let mut out = Vec::new();
+        for _ in 0..attempts {
+            let s = task.space.sample(&mut self.rng);
+            if let Some(p) = self.valid(task, s) {
+                out.push(p);
+            }
+        }
+        out
+    }
+
+    fn propose(&mut self, task: &mut Task, n: usize) -> Vec<Proposal> {
+        let pop = self.opts.population.max(n);
+        let mut pool = self.random_valid(task, pop);
+        let elites: Vec<Sketch> = task.elites.iter().map(|e| e.1.clone()).collect();
+        for g in 0..=self.opts.generations {
+            // Children of the measured elites and of the pool's best.
+            let parents: Vec<Sketch> = elites
+                .iter()
+                .cloned()
+                .chain(pool.iter().take(pop / 2).map(|p| p.sketch.clone()))
+                .collect();
+            if g > 0 || !elites.is_empty() {
+                for _ in 0..pop / 2 {
+                    if parents.is_empty() {
+                        break;
+                    }
+                    let parent = &parents[self.rng.below(parents.len() as u64) as usize];
+                    let child = task.space.mutate(parent, &mut self.rng);
+                    if let Some(p) = self.valid(task, child) {
+                        pool.push(p);
+                    }
+                }
+            }
+            // Distinct, unmeasured, ranked by the model.
+            let mut seen = HashSet::new();
+            pool.retain(|p| {
+                let key = p.trace.to_json();
+                !task.measured.contains(&key) && seen.insert(key)
+            });
+            let programs: Vec<&Program> = pool.iter().map(|p| &p.program).collect();
+            let scores = self.model.predict(&programs);
+            let mut ranked: Vec<(f64, Proposal)> = scores.into_iter().zip(pool).collect();
+            ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
+            ranked.truncate(pop);
+            pool = ranked.into_iter().map(|r| r.1).collect();
+        }
+        let n_random = ((n as f64) * self.opts.epsilon).round() as usize;
+        let mut batch: Vec<Proposal> = pool.into_iter().take(n - n_random.min(n)).collect();
+        let mut keys: HashSet<String> = batch.iter().map(|p| p.trace.to_json()).collect();
+        for p in self.random_valid(task, 4 * n) {
+            if batch.len() >= n {
+                break;
+            }
+            let k = p.trace.to_json();
+            if !task.measured.contains(&k) && keys.insert(k) {
+                batch.push(p);
+            }
+        }
+        batch
+    }
+
+    fn measure_batch(&mut self, task: &mut Task, batch: Vec<Proposal>) -> Result<(), SearchError> {
+        let op = task.space.op().clone();
+        let cands: Vec<tessel_measure::Candidate> = batch
+            .iter()
+            .map(|p| tessel_measure::Candidate::new(op.clone(), p.trace.clone()))
+            .collect();
+        let t = Instant::now();
+        let results = self.measurer.measure(&cands);
+        self.stats.measure_time_s += t.elapsed().as_secs_f64();
+        let fp = self.measurer.fingerprint().clone();
+        let spec = task.workload.to_string();
+        let records: Vec<TuningRecord> = batch
+            .iter()
+            .zip(&results)
+            .map(|(p, r)| TuningRecord {
+                workload: spec.clone(),
+                target: self.target.clone(),
+                fingerprint: fp.clone(),
+                trace: p.trace.clone(),
+                mapping: task.space.mapping_label(&p.sketch),
+                result: r.clone(),
+                version: TESSEL_VERSION.to_string(),
+                time: now(),
+            })
+            .collect();
+        // Durable before anything learns from it.
+        if let Some(log) = &mut self.log {
+            log.append(&records)?;
+        }
+        for (p, r) in batch.iter().zip(&results) {
+            self.stats.measured += 1;
+            if r.is_err() {
+                self.stats.errors += 1;
+            }
+            let label = task.space.mapping_label(&p.sketch);
+            task.record(&p.trace, label, Some(&p.sketch), r);
+        }
+        let programs: Vec<&Program> = batch.iter().map(|p| &p.program).collect();
+        self.model.update(&programs, &results);
+        Ok(())
+    }
+}

@@ -1,0 +1,624 @@
+//! The schedule space of one operator on the CPU: every mapping onto every usable instruction,
+//! each with multi-level tiling, register blocking, B packing, loop order, parallelism and
+//! unrolling, plus the non-tensorized fallback. A point of the space is a [`Sketch`]; its
+//! [`Space::trace`] is an ordinary tessel-ir trace.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use tessel_intrin::{Catalog, HostCpu, Intrinsic, Mapping, Support, match_op};
+use tessel_ir::{ComputeOp, IterKind, LayoutTransform, Program, Scope, Trace};
+
+use crate::rng::Rng;
+
+/// At most this many mappings per instruction (least padding first) enter the space.
+const MAX_MAPPINGS_PER_INSTRUCTION: usize = 6;
+
+/// Accumulator buffers larger than this (per anchor) are rejected before compilation.
+const MAX_ACC_BYTES: u64 = 4 << 20;
+
+/// One point of the space.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sketch {
+    /// Through mapping `mapping` of the space.
+    Tensorized {
+        mapping: usize,
+        /// Instruction tiles per register block along m and n.
+        mr: u64,
+        nr: u64,
+        /// Instruction k-steps per reduction block.
+        kc: u64,
+        /// Loop order: 0 = n, k, m (B block reused across m), 1 = n, m, k, 2 = m, n, k.
+        order: u8,
+        pack_b: bool,
+        parallel: bool,
+        local_acc: bool,
+        unroll: bool,
+    },
+    /// Plain loops that the C compiler vectorizes.
+    Scalar {
+        /// Per spatial variable: (middle, inner) tile extents.
+        tiles: Vec<(u64, u64)>,
+        /// Per reduction variable: inner tile extent.
+        rtiles: Vec<u64>,
+        parallel: bool,
+        local_acc: bool,
+        vectorize: bool,
+        /// Unroll the middle tile of this spatial variable.
+        unroll: Option<usize>,
+    },
+}
+
+/// A usable mapping: the instruction and how the operator maps onto it.
+#[derive(Clone, Debug)]
+pub struct SpaceMapping {
+    pub intrinsic: &'static Intrinsic,
+    pub mapping: Mapping,
+}
+
+/// The space of one operator.
+pub struct Space {
+    op: ComputeOp,
+    mappings: Vec<SpaceMapping>,
+    catalog: Catalog,
+    /// Largest register block (accumulators) per instruction family.
+    skipped: Vec<(String, String)>,
+}
+
+/// Which instructions a space may use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InstructionSet {
+    /// What this CPU (and OS) supports.
+    Host,
+    /// Exactly these ids (for tests and emulation).
+    Only(Vec<String>),
+    /// None: the non-tensorized fallback only.
+    None,
+}
+
+fn catalog_static() -> &'static Catalog {
+    static CATALOG: std::sync::OnceLock<Catalog> = std::sync::OnceLock::new();
+    CATALOG.get_or_init(Catalog::default)
+}
+
+/// Instruction ids the CPU code generator supports.
+pub const CPU_INSTRUCTIONS: [&str; 7] = [
+    "amx.tdpbf16ps",
+    "amx.tdpbusd",
+    "amx.tdpbssd",
+    "avx512.vpdpbusd",
+    "avx512.vdpbf16ps",
+    "avx512.vfmadd231ps",
+    "avx2.vfmadd231ps",
+];
+
+impl Space {
+    /// The space of `op` over `set`'s instructions. Instructions that cannot serve the operator
+    /// are listed in [`Space::skipped`] with the reason.
+    pub fn new(op: &ComputeOp, set: &InstructionSet) -> Space {
+        let catalog = catalog_static();
+        let host = HostCpu::detect();
+        let mut mappings = Vec::new();
+        let mut skipped = Vec::new();
+        let ids: Vec<String> = match set {
+            InstructionSet::Host => CPU_INSTRUCTIONS.iter().map(|s| s.to_string()).collect(),
+            InstructionSet::Only(ids) => ids.clone(),
+            InstructionSet::None => Vec::new(),
+        };
+        for id in ids {
+            let Some(intr) = catalog.get(&id) else {
+                skipped.push((id.clone(), "unknown instruction".into()));
+                continue;
+            };
+            if *set == InstructionSet::Host
+                && let Support::No(why) = host.supports(intr)
+            {
+                skipped.push((id.clone(), why));
+                continue;
+            }
+            match match_op(op, intr) {
+                Ok(ms) => mappings.extend(ms.into_iter().take(MAX_MAPPINGS_PER_INSTRUCTION).map(
+                    |mapping| SpaceMapping {
+                        intrinsic: intr,
+                        mapping,
+                    },
+                )),
+                Err(e) => skipped.push((id.clone(), e.to_string())),
+            }
+        }
+        Space {
+            op: op.clone(),
+            mappings,
+            catalog: Catalog::default(),
+            skipped,
+        }
+    }
+
+    pub fn op(&self) -> &ComputeOp {
+        &self.op
+    }
+
+    pub fn mappings(&self) -> &[SpaceMapping] {
+        &self.mappings
+    }
+
+    /// Instructions left out, and why.
+    pub fn skipped(&self) -> &[(String, String)] {
+        &self.skipped
+    }
+
+    /// The instruction a sketch uses, if any.
+    pub fn intrinsic(&self, s: &Sketch) -> Option<&'static Intrinsic> {
+        match s {
+            Sketch::Tensorized { mapping, .. } => self.mappings.get(*mapping).map(|m| m.intrinsic),
+            Sketch::Scalar { .. } => None,
+        }
+    }
+
+    /// A one-line description of the mapping a sketch uses.
+    pub fn mapping_label(&self, s: &Sketch) -> Option<String> {
+        match s {
+            Sketch::Tensorized { mapping, .. } => self
+                .mappings
+                .get(*mapping)
+                .map(|m| format!("{}: {}", m.intrinsic.id, m.mapping)),
+            Sketch::Scalar { .. } => None,
+        }
+    }
+
+    fn spatial(&self) -> Vec<usize> {
+        self.op.spatial_vars().collect()
+    }
+
+    fn reductions(&self) -> Vec<usize> {
+        self.op.reduction_vars().collect()
+    }
+
+    /// A random point: a mapping (or the fallback, one time in `1 + mappings`), then its
+    /// parameters, biased towards divisors but able to reach every value.
+    pub fn sample(&self, rng: &mut Rng) -> Sketch {
+        let choice = rng.below(self.mappings.len() as u64 + 1) as usize;
+        if choice == self.mappings.len() {
+            return self.sample_scalar(rng);
+        }
+        self.sample_tensorized(choice, rng)
+    }
+
+    fn sample_tensorized(&self, mapping: usize, rng: &mut Rng) -> Sketch {
+        let m = &self.mappings[mapping];
+        let intr = m.intrinsic;
+        let tiles = |d: usize, ext: u64| m.mapping.dims[d].extent.div_ceil(ext);
+        let (mt, nt, kt) = (tiles(0, intr.m), tiles(1, intr.n), tiles(2, intr.k));
+        let max_acc = max_accumulators(intr);
+        let mr = pick(rng, mt, max_acc.min(8));
+        let nr = pick(rng, nt, (max_acc / mr).clamp(1, 8));
+        let kc = pick(rng, kt, 1024 / intr.k.max(1));
+        Sketch::Tensorized {
+            mapping,
+            mr,
+            nr,
+            kc,
+            order: rng.below(3) as u8,
+            pack_b: rng.chance(75),
+            parallel: rng.chance(80),
+            local_acc: rng.chance(80),
+            unroll: rng.chance(90),
+        }
+    }
+
+    fn sample_scalar(&self, rng: &mut Rng) -> Sketch {
+        let tiles = self
+            .spatial()
+            .iter()
+            .map(|&v| {
+                let e = self.op.iter_vars[v].extent;
+                let inner = pick(rng, e, 64);
+                let middle = pick(rng, e.div_ceil(inner), 16);
+                (middle, inner)
+            })
+            .collect();
+        let rtiles = self
+            .reductions()
+            .iter()
+            .map(|&v| pick(rng, self.op.iter_vars[v].extent, 256))
+            .collect();
+        let n = self.spatial().len();
+        Sketch::Scalar {
+            tiles,
+            rtiles,
+            parallel: rng.chance(80),
+            local_acc: rng.chance(70),
+            vectorize: rng.chance(70),
+            unroll: if rng.chance(40) && n > 0 {
+                Some(rng.below(n as u64) as usize)
+            } else {
+                None
+            },
+        }
+    }
+
+    /// A neighbour: one parameter changed (occasionally a different mapping).
+    pub fn mutate(&self, s: &Sketch, rng: &mut Rng) -> Sketch {
+        if rng.chance(10) {
+            return self.sample(rng);
+        }
+        let mut s = s.clone();
+        match &mut s {
+            Sketch::Tensorized {
+                mapping,
+                mr,
+                nr,
+                kc,
+                order,
+                pack_b,
+                parallel,
+                local_acc,
+                unroll,
+            } => {
+                let Some(m) = self.mappings.get(*mapping) else {
+                    return self.sample(rng);
+                };
+                let intr = m.intrinsic;
+                let tiles = |d: usize, ext: u64| m.mapping.dims[d].extent.div_ceil(ext);
+                let max_acc = max_accumulators(intr);
+                match rng.below(8) {
+                    0 => *mr = pick(rng, tiles(0, intr.m), max_acc.min(8)),
+                    1 => *nr = pick(rng, tiles(1, intr.n), (max_acc / *mr).clamp(1, 8)),
+                    2 | 3 => *kc = pick(rng, tiles(2, intr.k), 1024 / intr.k.max(1)),
+                    4 => *order = rng.below(3) as u8,
+                    5 => *pack_b = !*pack_b,
+                    6 => *local_acc = !*local_acc,
+                    _ => {
+                        if rng.chance(50) {
+                            *parallel = !*parallel
+                        } else {
+                            *unroll = !*unroll
+                        }
+                    }
+                }
+            }
+            Sketch::Scalar {
+                tiles,
+                rtiles,
+                parallel,
+                local_acc,
+                vectorize,
+                unroll,
+            } => {
+                let spatial = self.spatial();
+                let reductions = self.reductions();
+                match rng.below(5) {
+                    0 | 1 if !tiles.is_empty() => {
+                        let i = rng.below(tiles.len() as u64) as usize;
+                        let e = self.op.iter_vars[spatial[i]].extent;
+                        let inner = pick(rng, e, 64);
+                        tiles[i] = (pick(rng, e.div_ceil(inner), 16), inner);
+                    }
+                    2 if !rtiles.is_empty() => {
+                        let i = rng.below(rtiles.len() as u64) as usize;
+                        rtiles[i] = pick(rng, self.op.iter_vars[reductions[i]].extent, 256);
+                    }
+                    3 => {
+                        if rng.chance(50) {
+                            *parallel = !*parallel
+                        } else {
+                            *local_acc = !*local_acc
+                        }
+                    }
+                    _ => {
+                        if rng.chance(50) || tiles.is_empty() {
+                            *vectorize = !*vectorize
+                        } else {
+                            *unroll = match unroll {
+                                Some(_) => None,
+                                None => Some(rng.below(tiles.len() as u64) as usize),
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        s
+    }
+
+    /// Rejects, before any compilation, sketches that cannot fit: more accumulators than the
+    /// instruction's register file, accumulator buffers beyond the cache budget.
+    pub fn check(&self, s: &Sketch) -> Result<(), String> {
+        match s {
+            Sketch::Tensorized {
+                mapping, mr, nr, ..
+            } => {
+                let m = self
+                    .mappings
+                    .get(*mapping)
+                    .ok_or_else(|| format!("no mapping #{mapping}"))?;
+                let cap = max_accumulators(m.intrinsic);
+                if mr * nr > cap {
+                    return Err(format!(
+                        "a {mr}x{nr} register block needs {} accumulators; {} has room for {cap}",
+                        mr * nr,
+                        m.intrinsic.id
+                    ));
+                }
+                Ok(())
+            }
+            Sketch::Scalar { tiles, rtiles, .. } => {
+                if tiles.len() != self.spatial().len() || rtiles.len() != self.reductions().len() {
+                    return Err("sketch does not fit this operator".into());
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The trace of a sketch.
+    pub fn trace(&self, s: &Sketch) -> Result<Trace, String> {
+        self.check(s)?;
+        match s {
+            Sketch::Tensorized {
+                mapping,
+                mr,
+                nr,
+                kc,
+                order,
+                pack_b,
+                parallel,
+                local_acc,
+                unroll,
+            } => Ok(self.tensorized_trace(
+                *mapping,
+                (*mr, *nr, *kc, *order),
+                (*pack_b, *parallel, *local_acc, *unroll),
+            )),
+            Sketch::Scalar {
+                tiles,
+                rtiles,
+                parallel,
+                local_acc,
+                vectorize,
+                unroll,
+            } => Ok(self.scalar_trace(tiles, rtiles, *parallel, *local_acc, *vectorize, *unroll)),
+        }
+    }
+
+    /// Trace, replay and lowering, with the capacity check on the accumulator.
+    pub fn lower(&self, s: &Sketch) -> Result<(Trace, Program), String> {
+        let t = self.trace(s)?;
+        let p = t
+            .lower(&self.op, &self.catalog)
+            .map_err(|e| e.to_string())?;
+        for b in &p.buffers {
+            if b.role == tessel_ir::BufferRole::Accumulator && b.bytes() > MAX_ACC_BYTES {
+                return Err(format!(
+                    "accumulator of {} bytes exceeds the {MAX_ACC_BYTES}-byte budget",
+                    b.bytes()
+                ));
+            }
+        }
+        Ok((t, p))
+    }
+
+    fn tensorized_trace(
+        &self,
+        mapping: usize,
+        (mr, nr, kc, order): (u64, u64, u64, u8),
+        (pack_b, parallel, local_acc, unroll): (bool, bool, bool, bool),
+    ) -> Trace {
+        let m = &self.mappings[mapping];
+        let (intr, map) = (m.intrinsic, &m.mapping);
+        let mut t = Trace::new();
+        // Group variables adjacent, then fused: one loop per instruction dimension.
+        let mut first: Vec<&str> = map.outer.iter().map(String::as_str).collect();
+        for d in &map.dims {
+            first.extend(d.vars.iter().map(String::as_str));
+        }
+        t.reorder(&first);
+        let mut fused = Vec::new();
+        for d in &map.dims {
+            let refs: Vec<&str> = d.vars.iter().map(String::as_str).collect();
+            if refs.len() > 1 {
+                t.fuse(&refs);
+            }
+            fused.push(refs.join("_"));
+        }
+        let (fm, fnn, fk) = (&fused[0], &fused[1], &fused[2]);
+        t.split(fm, &[mr, intr.m]);
+        t.split(fnn, &[nr, intr.n]);
+        t.split(fk, &[kc, intr.k]);
+        let kind = |name: &str| {
+            self.op
+                .var_index(name)
+                .map(|v| self.op.iter_vars[v].kind)
+                .unwrap_or(IterKind::Spatial)
+        };
+        let s_outer: Vec<String> = map
+            .outer
+            .iter()
+            .filter(|v| kind(v) == IterKind::Spatial)
+            .cloned()
+            .collect();
+        let r_outer: Vec<String> = map
+            .outer
+            .iter()
+            .filter(|v| kind(v) == IterKind::Reduction)
+            .cloned()
+            .collect();
+        let p = |x: &str, i: u32| format!("{x}.{i}");
+        let (m0, n0, k0) = (p(fm, 0), p(fnn, 0), p(fk, 0));
+        let blocks: [&String; 3] = match order {
+            0 => [&n0, &k0, &m0],
+            1 => [&n0, &m0, &k0],
+            _ => [&m0, &n0, &k0],
+        };
+        let mut full: Vec<String> = s_outer.clone();
+        full.extend(blocks.iter().map(|s| s.to_string()));
+        full.extend(r_outer.iter().cloned());
+        full.extend([p(fk, 1), p(fm, 1), p(fnn, 1), p(fm, 2), p(fnn, 2), p(fk, 2)]);
+        let refs: Vec<&str> = full.iter().map(String::as_str).collect();
+        t.reorder(&refs);
+        if pack_b && let Some(layout) = self.b_layout(map, intr, nr) {
+            t.pack(map.operands[1], layout);
+        }
+        // The accumulator's anchor: the innermost spatial loop before the first reduction.
+        let first_red = full
+            .iter()
+            .position(|l| *l == k0 || r_outer.contains(l))
+            .unwrap_or(0);
+        if parallel && first_red > 0 {
+            t.parallel(&full[0]);
+        }
+        if local_acc && first_red > 0 {
+            let local = Scope::new("local").expect("a valid scope name");
+            t.cache_write(local, Some(&full[first_red - 1]));
+        }
+        if unroll {
+            t.unroll(&p(fm, 1)).unroll(&p(fnn, 1));
+        }
+        t.tensorize(
+            intr.id,
+            &[("m", &p(fm, 2)), ("n", &p(fnn, 2)), ("k", &p(fk, 2))],
+            &map.operands,
+        );
+        t
+    }
+
+    /// Packs instruction operand B as `[.., N / (nr n), K / g, nr n, g]` when its n and k
+    /// groups are single variables that each index one dimension of the tensor with stride 1.
+    fn b_layout(&self, map: &Mapping, intr: &Intrinsic, nr: u64) -> Option<LayoutTransform> {
+        let [n, k] = [&map.dims[1], &map.dims[2]];
+        if n.vars.len() != 1 || k.vars.len() != 1 {
+            return None;
+        }
+        let b = &self.op.inputs[map.operands[1]];
+        let dim_of = |name: &str| {
+            let v = self.op.var_index(name)?;
+            let dims: Vec<usize> = (0..b.indices.len())
+                .filter(|&d| b.indices[d].depends_on(v))
+                .collect();
+            match dims.as_slice() {
+                [d] if b.indices[*d].terms.len() == 1 && b.indices[*d].coeff(v) == 1 => Some(*d),
+                _ => None,
+            }
+        };
+        let (dn, dk) = (dim_of(&n.vars[0])?, dim_of(&k.vars[0])?);
+        if dn == dk {
+            return None;
+        }
+        let group = if intr.k > 1 {
+            (4 / intr.b.bytes() as u64).min(intr.k)
+        } else {
+            1
+        };
+        let nb = nr * intr.n;
+        let mut splits = vec![(dn, nb)];
+        if group > 1 {
+            splits.push((dk, group));
+        }
+        // Expanded dimension index of (tensor dim, part): split dims expand to outer, inner.
+        let rank = b.tensor.shape.len();
+        let mut expanded = Vec::new();
+        for d in 0..rank {
+            if splits.iter().any(|s| s.0 == d) {
+                expanded.push((d, 0));
+                expanded.push((d, 1));
+            } else {
+                expanded.push((d, 0));
+            }
+        }
+        let at = |d: usize, part: usize| expanded.iter().position(|&e| e == (d, part));
+        let mut order: Vec<usize> = (0..rank)
+            .filter(|&d| d != dn && d != dk)
+            .filter_map(|d| at(d, 0))
+            .collect();
+        order.push(at(dn, 0)?);
+        order.push(at(dk, 0)?);
+        order.push(at(dn, 1)?);
+        if group > 1 {
+            order.push(at(dk, 1)?);
+        }
+        splits.sort();
+        Some(LayoutTransform { splits, order })
+    }
+
+    fn scalar_trace(
+        &self,
+        tiles: &[(u64, u64)],
+        rtiles: &[u64],
+        parallel: bool,
+        local_acc: bool,
+        vectorize: bool,
+        unroll: Option<usize>,
+    ) -> Trace {
+        let mut t = Trace::new();
+        let spatial = self.spatial();
+        let reductions = self.reductions();
+        let name = |v: usize| self.op.iter_vars[v].name.clone();
+        for (&v, &(mid, inner)) in spatial.iter().zip(tiles) {
+            t.split(&name(v), &[mid, inner]);
+        }
+        for (&v, &inner) in reductions.iter().zip(rtiles) {
+            t.split(&name(v), &[inner]);
+        }
+        let mut order: Vec<String> = spatial.iter().map(|&v| format!("{}.0", name(v))).collect();
+        order.extend(reductions.iter().map(|&v| format!("{}.0", name(v))));
+        order.extend(spatial.iter().map(|&v| format!("{}.1", name(v))));
+        order.extend(reductions.iter().map(|&v| format!("{}.1", name(v))));
+        order.extend(spatial.iter().map(|&v| format!("{}.2", name(v))));
+        let refs: Vec<&str> = order.iter().map(String::as_str).collect();
+        t.reorder(&refs);
+        if let Some(&first) = spatial.first() {
+            if parallel {
+                t.parallel(&format!("{}.0", name(first)));
+            }
+            if local_acc {
+                let last = spatial[spatial.len() - 1];
+                let local = Scope::new("local").expect("a valid scope name");
+                t.cache_write(local, Some(&format!("{}.0", name(last))));
+            }
+            if let Some(u) = unroll
+                && let Some(&v) = spatial.get(u)
+            {
+                t.unroll(&format!("{}.1", name(v)));
+            }
+            if vectorize {
+                let last = spatial[spatial.len() - 1];
+                t.vectorize(&format!("{}.2", name(last)));
+            }
+        }
+        t
+    }
+}
+
+impl fmt::Display for Sketch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match serde_json::to_string(self) {
+            Ok(s) => f.write_str(&s),
+            Err(_) => f.write_str("<sketch>"),
+        }
+    }
+}
+
+/// How many accumulators a register block may hold: AMX keeps 2 of its 8 tiles for A and B;
+/// vector units keep registers for B and a broadcast.
+pub fn max_accumulators(intr: &Intrinsic) -> u64 {
+    if intr.id.starts_with("amx") {
+        6
+    } else if intr.registers >= 32 {
+        24
+    } else {
+        12
+    }
+}
+
+/// A value in `1..=max.min(extent)`: a divisor of `extent` four times in five (so tiles
+/// rarely pad), any value otherwise (so the whole range stays reachable).
+fn pick(rng: &mut Rng, extent: u64, max: u64) -> u64 {
+    let hi = max.min(extent).max(1);
+    if rng.chance(80) {
+        let divisors: Vec<u64> = (1..=hi).filter(|d| extent.is_multiple_of(*d)).collect();
+        divisors[rng.below(divisors.len() as u64) as usize]
+    } else {
+        1 + rng.below(hi)
+    }
+}

@@ -1,0 +1,286 @@
+//! The space reaches every mapping and computes the operator; the tuner is deterministic,
+//! resumes from its log without re-measuring, and survives corrupt logs.
+
+use std::collections::{BTreeSet, HashSet};
+use std::hash::{Hash, Hasher};
+
+use proptest::prelude::*;
+use tessel_ir::{TensorData, Workload};
+use tessel_measure::{
+    Candidate, HardwareFingerprint, MeasureResult, Measurement, Measurer, Timing,
+};
+use tessel_search::rng::Rng;
+use tessel_search::{
+    CPU_INSTRUCTIONS, InstructionSet, RandomModel, RecordLog, SearchOptions, Sketch, Space, Task,
+    Tuner, read_log,
+};
+
+/// Pretends to measure: a latency that is a fixed function of the trace.
+struct FakeMeasurer {
+    fp: HardwareFingerprint,
+    measured: Vec<String>,
+}
+
+impl FakeMeasurer {
+    fn new() -> Self {
+        FakeMeasurer {
+            fp: HardwareFingerprint {
+                kind: "fake".into(),
+                model: "test".into(),
+                ..HardwareFingerprint::default()
+            },
+            measured: Vec::new(),
+        }
+    }
+}
+
+impl Measurer for FakeMeasurer {
+    fn fingerprint(&self) -> &HardwareFingerprint {
+        &self.fp
+    }
+
+    fn measure(&mut self, candidates: &[Candidate]) -> Vec<MeasureResult> {
+        candidates
+            .iter()
+            .map(|c| {
+                let json = c.trace.to_json();
+                self.measured.push(json.clone());
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                json.hash(&mut h);
+                let t = 1e-3 * (1.0 + (h.finish() % 1000) as f64 / 1000.0);
+                Ok(Measurement {
+                    timing: Timing {
+                        min_s: t,
+                        median_s: t,
+                        spread: 0.0,
+                        runs: 1,
+                    },
+                    compile_time_s: 0.0,
+                    max_error: 0.0,
+                    emulated: false,
+                    gflops: c.op.flops() as f64 / t / 1e9,
+                })
+            })
+            .collect()
+    }
+}
+
+fn all_cpu() -> InstructionSet {
+    InstructionSet::Only(CPU_INSTRUCTIONS.iter().map(|s| s.to_string()).collect())
+}
+
+#[test]
+fn sampling_reaches_every_mapping_and_the_fallback() {
+    let op = "conv2d:n=1,h=14,w=14,c=32,k=64,r=3,s=3,pad=1,dtype=bf16"
+        .parse::<Workload>()
+        .unwrap()
+        .to_op();
+    let space = Space::new(&op, &all_cpu());
+    assert!(space.mappings().len() >= 6, "{}", space.mappings().len());
+    assert!(space.mappings().iter().any(|m| {
+        m.mapping
+            .transforms
+            .iter()
+            .any(|t| t.kind == tessel_intrin::TransformKind::Im2col)
+    }));
+    let mut rng = Rng::new(3);
+    let mut seen = BTreeSet::new();
+    let mut scalar = false;
+    let mut lowered = 0;
+    for _ in 0..600 {
+        let s = space.sample(&mut rng);
+        match &s {
+            Sketch::Tensorized { mapping, .. } => {
+                seen.insert(*mapping);
+            }
+            Sketch::Scalar { .. } => scalar = true,
+        }
+        if space.lower(&s).is_ok() {
+            lowered += 1;
+        }
+        let m = space.mutate(&s, &mut rng);
+        assert!(space.check(&m).is_ok() || matches!(m, Sketch::Tensorized { .. }));
+    }
+    assert_eq!(seen.len(), space.mappings().len());
+    assert!(scalar);
+    assert!(lowered > 500, "only {lowered} of 600 samples lowered");
+}
+
+#[test]
+fn capacity_checks_reject_register_blocks_that_do_not_fit() {
+    let op = "gemm:m=256,n=256,k=256,dtype=bf16"
+        .parse::<Workload>()
+        .unwrap()
+        .to_op();
+    let space = Space::new(&op, &InstructionSet::Only(vec!["amx.tdpbf16ps".into()]));
+    let too_big = Sketch::Tensorized {
+        mapping: 0,
+        mr: 4,
+        nr: 2,
+        kc: 4,
+        order: 0,
+        pack_b: true,
+        parallel: true,
+        local_acc: true,
+        unroll: true,
+    };
+    let e = space.check(&too_big).unwrap_err();
+    assert!(e.contains("8 accumulators"), "{e}");
+}
+
+fn arb_small() -> impl Strategy<Value = String> {
+    prop_oneof![
+        (1u64..40, 1u64..40, 1u64..70)
+            .prop_map(|(m, n, k)| format!("gemm:m={m},n={n},k={k},dtype=bf16,epilogue=bias")),
+        (1u64..20, 1u64..40, 1u64..70).prop_map(|(m, n, k)| format!(
+            "gemm:m={m},n={n},k={k},dtype=u8,wdtype=i8,epilogue=relu"
+        )),
+        (1u64..30, 1u64..30, 1u64..30)
+            .prop_map(|(m, n, k)| format!("dense:m={m},n={n},k={k},dtype=f32")),
+        (3u64..7, 1u64..9, 1u64..20).prop_map(|(h, c, k)| format!(
+            "conv2d:n=1,h={h},w={h},c={c},k={k},r=3,s=3,pad=1,dtype=bf16"
+        )),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Every sampled or mutated schedule computes the operator (tessel-ir's interpreter runs
+    /// the instructions' semantics).
+    #[test]
+    fn sampled_schedules_compute_the_operator(spec in arb_small(), seed in any::<u64>()) {
+        let op = spec.parse::<Workload>().unwrap().to_op();
+        let space = Space::new(&op, &all_cpu());
+        let mut rng = Rng::new(seed);
+        let inputs: Vec<TensorData> = op.read_operands().iter().enumerate()
+            .map(|(i, o)| TensorData::random(o.tensor.shape.clone(), o.tensor.dtype, i as u64))
+            .collect();
+        let want = op.reference(&inputs).unwrap();
+        let mut s = space.sample(&mut rng);
+        for _ in 0..3 {
+            if let Ok((trace, program)) = space.lower(&s) {
+                let got = program.run(&inputs).unwrap();
+                let err = got.max_relative_error(&want);
+                prop_assert!(err < 1e-5, "{spec}: error {err}\n{trace}");
+            }
+            s = space.mutate(&s, &mut rng);
+        }
+    }
+}
+
+fn tasks() -> Vec<Task> {
+    let set = InstructionSet::Only(vec!["avx2.vfmadd231ps".into(), "avx512.vfmadd231ps".into()]);
+    vec![
+        Task::new("gemm:m=64,n=64,k=64,dtype=f32".parse().unwrap(), 2, &set),
+        Task::new("dense:m=16,n=96,k=32,dtype=f32".parse().unwrap(), 1, &set),
+    ]
+}
+
+fn opts(seed: u64) -> SearchOptions {
+    SearchOptions {
+        population: 32,
+        generations: 1,
+        batch: 8,
+        epsilon: 0.25,
+        seed,
+    }
+}
+
+#[test]
+fn the_same_seed_gives_the_same_run() {
+    let run = |seed| {
+        let mut m = FakeMeasurer::new();
+        let mut model = RandomModel::new(seed);
+        let mut ts = tasks();
+        Tuner::new(&mut m, &mut model, None, "fake", opts(seed))
+            .tune(&mut ts, 40, &mut |_| {})
+            .unwrap();
+        m.measured
+    };
+    let a = run(5);
+    assert_eq!(a.len(), 40);
+    assert_eq!(a, run(5));
+    assert_ne!(a, run(6));
+    assert_eq!(
+        a.iter().collect::<HashSet<_>>().len(),
+        a.len(),
+        "a candidate was measured twice"
+    );
+}
+
+#[test]
+fn a_rerun_resumes_from_the_log_and_measures_nothing_twice() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("resume");
+    let _ = std::fs::remove_dir_all(&dir);
+    let path = dir.join("log.jsonl");
+    let mut first = FakeMeasurer::new();
+    {
+        let mut model = RandomModel::new(1);
+        let mut ts = tasks();
+        let log = RecordLog::open(&path).unwrap();
+        Tuner::new(&mut first, &mut model, Some(log), "fake", opts(1))
+            .tune(&mut ts, 24, &mut |_| {})
+            .unwrap();
+    }
+    // A kill in the middle of a write leaves a cut-short last line.
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str("{\"workload\":\"gemm:m=64");
+    std::fs::write(&path, &text).unwrap();
+
+    let contents = read_log(&path).unwrap();
+    assert_eq!(contents.records.len(), 24);
+    assert_eq!(contents.corrupt.len(), 1);
+    assert_eq!(contents.corrupt[0].line, 25);
+
+    let mut second = FakeMeasurer::new();
+    let mut model = RandomModel::new(2);
+    let mut ts = tasks();
+    let log = RecordLog::open(&path).unwrap();
+    let mut tuner = Tuner::new(&mut second, &mut model, Some(log), "fake", opts(2));
+    tuner.resume(&mut ts, &contents.records);
+    assert_eq!(tuner.stats.resumed, 24);
+    tuner.tune(&mut ts, 40, &mut |_| {}).unwrap();
+    assert_eq!(second.measured.len(), 16);
+    for t in &second.measured {
+        assert!(
+            !first.measured.contains(t),
+            "re-measured a logged candidate"
+        );
+    }
+    let after = read_log(&path).unwrap();
+    assert_eq!(after.records.len(), 40);
+    assert_eq!(
+        after.corrupt.len(),
+        1,
+        "the cut-short line stays reported, nothing else breaks"
+    );
+    let best = ts
+        .iter()
+        .map(|t| t.best.as_ref().unwrap().latency_s)
+        .fold(f64::INFINITY, f64::min);
+    let logged_best = after
+        .records
+        .iter()
+        .filter_map(|r| r.latency())
+        .fold(f64::INFINITY, f64::min);
+    assert_eq!(best, logged_best);
+}
+
+#[test]
+fn a_log_of_garbage_is_reported_line_by_line() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("garbage");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("log.jsonl");
+    std::fs::write(&path, "not json\n\n{\"workload\": 3}\n\u{0}\u{1}\n").unwrap();
+    let c = read_log(&path).unwrap();
+    assert!(c.records.is_empty());
+    let lines: Vec<usize> = c.corrupt.iter().map(|l| l.line).collect();
+    assert_eq!(lines, vec![1, 3, 4]);
+    assert!(
+        read_log(&dir.join("missing.jsonl"))
+            .unwrap()
+            .records
+            .is_empty()
+    );
+}
