@@ -1,6 +1,7 @@
 //! `cargo xtask`: tessel's pipelines: `workloads`, `intrinsics`, `match`, `measure`, `bench cpu`.
 
 mod cpu;
+mod tune;
 
 use std::path::PathBuf;
 
@@ -79,6 +80,60 @@ enum Command {
         #[command(subcommand)]
         target: BenchTarget,
     },
+    /// Searches for the fastest schedule of a workload or of every task of a network,
+    /// measuring on this CPU; records go to --log (append-only; a rerun resumes).
+    Tune {
+        /// A workload spec.
+        #[arg(long, conflicts_with = "network")]
+        workload: Option<String>,
+        /// A network name (`cargo xtask workloads`): tunes all its tasks.
+        #[arg(long)]
+        network: Option<String>,
+        /// Network batch size.
+        #[arg(long, default_value_t = 1)]
+        batch: u64,
+        /// Network element type.
+        #[arg(long, default_value = "bf16")]
+        dtype: String,
+        #[arg(long, default_value = "cpu")]
+        target: String,
+        /// Candidates to measure in all (records already in --log count).
+        #[arg(long, default_value_t = 64)]
+        trials: usize,
+        /// Cost model: `none` (random ranking, the default until tessel-model lands).
+        #[arg(long)]
+        model: Option<String>,
+        /// Tuning log (JSON Lines).
+        #[arg(long)]
+        log: Option<PathBuf>,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// OpenMP threads per kernel.
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// Sketches per generation of the evolutionary search.
+        #[arg(long, default_value_t = 64)]
+        population: usize,
+        /// Candidates measured per round.
+        #[arg(long, default_value_t = 16)]
+        measure_batch: usize,
+        /// Share of each round's candidates drawn at random.
+        #[arg(long, default_value_t = 0.2)]
+        epsilon: f64,
+        /// One JSON object on the last line of stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The best record per workload of a tuning log, and its code.
+    Best {
+        #[arg(long)]
+        log: PathBuf,
+        /// Print the code: `c`, `cuda` or `trace`.
+        #[arg(long)]
+        emit: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// The CPU measurement worker (started by the tuner itself).
     #[command(hide = true)]
     CpuWorker,
@@ -143,6 +198,38 @@ fn main() -> std::process::ExitCode {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::CpuWorker => std::process::exit(tessel_cpu::worker::serve()),
+        Command::Tune {
+            workload,
+            network,
+            batch,
+            dtype,
+            target,
+            trials,
+            model,
+            log,
+            seed,
+            threads,
+            population,
+            measure_batch,
+            epsilon,
+            json,
+        } => tune::tune(tune::TuneArgs {
+            workload,
+            network,
+            batch,
+            dtype,
+            target,
+            trials,
+            model,
+            log,
+            seed,
+            threads,
+            population,
+            measure_batch,
+            epsilon,
+            json,
+        })?,
+        Command::Best { log, emit, json } => tune::best(&log, emit.as_deref(), json)?,
         Command::Measure {
             workload,
             intrinsic,

@@ -1,0 +1,353 @@
+//! `cargo xtask tune` and `cargo xtask best`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use tessel_intrin::Catalog;
+use tessel_ir::{DType, Workload, network};
+use tessel_measure::Measurer;
+use tessel_search::{
+    InstructionSet, RandomModel, RecordLog, SearchOptions, Task, Tuner, TuningRecord, read_log,
+};
+
+use crate::cpu;
+
+/// What to tune and how.
+pub struct TuneArgs {
+    pub workload: Option<String>,
+    pub network: Option<String>,
+    pub batch: u64,
+    pub dtype: String,
+    pub target: String,
+    pub trials: usize,
+    pub model: Option<String>,
+    pub log: Option<PathBuf>,
+    pub seed: u64,
+    pub threads: usize,
+    pub population: usize,
+    pub measure_batch: usize,
+    pub epsilon: f64,
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct TaskReport {
+    workload: String,
+    weight: u64,
+    trials: usize,
+    latency_ms: Option<f64>,
+    gflops: Option<f64>,
+    percent_of_peak: Option<f64>,
+    mapping: Option<String>,
+}
+
+#[derive(Serialize)]
+struct TuneReport {
+    workload: String,
+    target: String,
+    model: String,
+    latency_ms: Option<f64>,
+    gflops: Option<f64>,
+    percent_of_peak: Option<f64>,
+    trials: usize,
+    measured_this_run: usize,
+    resumed_from_log: usize,
+    errors: usize,
+    search_time_s: f64,
+    search_overhead_s: f64,
+    search_overhead_percent: f64,
+    tasks: Vec<TaskReport>,
+}
+
+/// The instruction a record's mapping label names (`amx.tdpbf16ps: m <- ...`).
+fn instruction_of(mapping: &Option<String>) -> Option<&str> {
+    mapping.as_deref().and_then(|m| m.split(':').next())
+}
+
+pub fn tune(a: TuneArgs) -> Result<()> {
+    if a.target != "cpu" {
+        bail!(
+            "--target `{}` is not available yet: `cpu` is (GPU targets and `sim:NAME` arrive with tessel-gpu)",
+            a.target
+        );
+    }
+    match a.model.as_deref() {
+        None | Some("none") | Some("random") => {}
+        Some(other) => bail!(
+            "--model `{other}`: learned models arrive with tessel-model; use `--model none` (the random cost model) for now"
+        ),
+    }
+    if a.trials == 0 {
+        bail!("--trials must be at least 1");
+    }
+    let set = InstructionSet::Host;
+    let (label, mut tasks) = match (&a.workload, &a.network) {
+        (Some(spec), None) => {
+            let w: Workload = spec
+                .parse()
+                .with_context(|| format!("--workload `{spec}`"))?;
+            (w.to_string(), vec![Task::new(w, 1, &set)])
+        }
+        (None, Some(name)) => {
+            let dtype: DType = a.dtype.parse().context("--dtype")?;
+            let net = network(name, a.batch, dtype)?;
+            let tasks = net
+                .tasks()
+                .into_iter()
+                .map(|t| Task::new(t.workload, t.weight, &set))
+                .collect();
+            (net.name.clone(), tasks)
+        }
+        _ => bail!("give exactly one of --workload SPEC and --network NAME"),
+    };
+    if !a.json {
+        for t in tasks.iter().take(1) {
+            for (id, why) in t.space().skipped() {
+                eprintln!("note: {id} not used: {why}");
+            }
+        }
+    }
+    let mut measurer = cpu::measurer(a.threads, false)?;
+    let fingerprint = measurer.fingerprint().clone();
+    let peaks = tessel_cpu::peak::measure_peaks(
+        measurer.compiler(),
+        &tessel_search::CPU_INSTRUCTIONS,
+        a.threads,
+    )?;
+    let peak_of = |mapping: &Option<String>| -> Option<f64> {
+        let id = instruction_of(mapping).unwrap_or_else(|| {
+            // The fallback's code is vectorized f32 arithmetic: the widest FMA is its peak.
+            if peaks
+                .measured
+                .iter()
+                .any(|p| p.intrinsic == "avx512.vfmadd231ps")
+            {
+                "avx512.vfmadd231ps"
+            } else {
+                "avx2.vfmadd231ps"
+            }
+        });
+        peaks
+            .measured
+            .iter()
+            .find(|p| p.intrinsic == id)
+            .map(|p| p.gops)
+    };
+
+    let mut model = RandomModel::new(a.seed);
+    let opts = SearchOptions {
+        population: a.population,
+        generations: 2,
+        batch: a.measure_batch,
+        epsilon: a.epsilon,
+        seed: a.seed,
+    };
+    let (log, resumed) = match &a.log {
+        Some(path) => {
+            let contents = read_log(path)?;
+            for c in &contents.corrupt {
+                eprintln!(
+                    "warning: {}:{}: skipped a corrupt record ({})",
+                    path.display(),
+                    c.line,
+                    c.reason
+                );
+            }
+            (Some(RecordLog::open(path)?), contents.records)
+        }
+        None => (None, Vec::new()),
+    };
+    let start = Instant::now();
+    let mut tuner = Tuner::new(&mut measurer, &mut model, log, "cpu", opts);
+    tuner.resume(&mut tasks, &resumed);
+    let bar = ProgressBar::new(a.trials as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} trials  {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    if a.json {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let done: usize = tasks.iter().map(|t| t.trials).sum();
+    bar.set_position(done.min(a.trials) as u64);
+    tuner.tune(&mut tasks, a.trials, &mut |p| {
+        bar.set_position(p.trials.min(p.total) as u64);
+        let best = p
+            .task
+            .best
+            .as_ref()
+            .map_or("no valid candidate yet".to_string(), |b| {
+                format!("best {:.1} GFLOP/s", b.gflops)
+            });
+        bar.set_message(format!("{best}  ({})", p.task.workload));
+    })?;
+    bar.finish_and_clear();
+    let stats = tuner.stats.clone();
+    let elapsed = start.elapsed().as_secs_f64();
+
+    let task_reports: Vec<TaskReport> = tasks
+        .iter()
+        .map(|t| TaskReport {
+            workload: t.workload.to_string(),
+            weight: t.weight,
+            trials: t.trials,
+            latency_ms: t.best.as_ref().map(|b| b.latency_s * 1e3),
+            gflops: t.best.as_ref().map(|b| b.gflops),
+            percent_of_peak: t
+                .best
+                .as_ref()
+                .and_then(|b| peak_of(&b.mapping).map(|p| 100.0 * b.gflops / p)),
+            mapping: t.best.as_ref().and_then(|b| b.mapping.clone()),
+        })
+        .collect();
+    let all_found = tasks.iter().all(|t| t.best.is_some());
+    let latency_s: Option<f64> = all_found.then(|| {
+        tasks
+            .iter()
+            .filter_map(|t| t.weighted_latency())
+            .sum::<f64>()
+    });
+    let flops: f64 = tasks
+        .iter()
+        .map(|t| t.weight as f64 * t.workload.flops() as f64)
+        .sum();
+    let gflops = latency_s.map(|l| flops / l / 1e9);
+    let percent = if tasks.len() == 1 {
+        task_reports[0].percent_of_peak
+    } else {
+        None
+    };
+    let report = TuneReport {
+        workload: label.clone(),
+        target: "cpu".into(),
+        model: "random".into(),
+        latency_ms: latency_s.map(|l| l * 1e3),
+        gflops,
+        percent_of_peak: percent,
+        trials: tasks.iter().map(|t| t.trials).sum(),
+        measured_this_run: stats.measured,
+        resumed_from_log: stats.resumed,
+        errors: stats.errors,
+        search_time_s: elapsed,
+        search_overhead_s: stats.search_overhead_s(),
+        search_overhead_percent: 100.0 * stats.search_overhead_s() / stats.total_time_s.max(1e-9),
+        tasks: task_reports,
+    };
+    if !a.json {
+        println!(
+            "{label} on {} ({} thread(s)), cost model: random",
+            fingerprint.model, a.threads
+        );
+        println!(
+            "{:>6} {:>7} {:>10} {:>9} {:>7}  workload / best mapping",
+            "weight", "trials", "best ms", "GFLOP/s", "% peak"
+        );
+        for t in &report.tasks {
+            let f = |x: Option<f64>, p: usize| x.map_or("-".to_string(), |v| format!("{v:.p$}"));
+            println!(
+                "{:>6} {:>7} {:>10} {:>9} {:>7}  {}\n{:>44}{}",
+                t.weight,
+                t.trials,
+                f(t.latency_ms, 4),
+                f(t.gflops, 1),
+                f(t.percent_of_peak, 1),
+                t.workload,
+                "",
+                t.mapping
+                    .clone()
+                    .unwrap_or_else(|| "no instruction (vectorized loops)".into())
+            );
+        }
+        match (report.latency_ms, report.gflops) {
+            (Some(l), Some(g)) => println!("best: {l:.4} ms, {g:.1} GFLOP/s"),
+            _ => println!("best: no task has a valid candidate yet"),
+        }
+        println!(
+            "{} trials ({} measured now, {} from the log, {} errors) in {:.1} s; search overhead {:.2} s ({:.1}%)",
+            report.trials,
+            report.measured_this_run,
+            report.resumed_from_log,
+            report.errors,
+            report.search_time_s,
+            report.search_overhead_s,
+            report.search_overhead_percent
+        );
+        if let Some(path) = &a.log {
+            println!("records: {}", path.display());
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::to_string(&report)?);
+    }
+    Ok(())
+}
+
+/// `cargo xtask best`: the best record per workload, and optionally its code.
+pub fn best(log: &Path, emit: Option<&str>, json: bool) -> Result<()> {
+    let contents = read_log(log)?;
+    for c in &contents.corrupt {
+        eprintln!(
+            "warning: {}:{}: skipped a corrupt record ({})",
+            log.display(),
+            c.line,
+            c.reason
+        );
+    }
+    let mut best: BTreeMap<(String, String), &TuningRecord> = BTreeMap::new();
+    for r in &contents.records {
+        let Some(lat) = r.latency() else { continue };
+        let key = (r.workload.clone(), r.target.clone());
+        if best
+            .get(&key)
+            .and_then(|b| b.latency())
+            .is_none_or(|b| lat < b)
+        {
+            best.insert(key, r);
+        }
+    }
+    if best.is_empty() {
+        bail!(
+            "{} holds no successful record ({} records, {} corrupt lines)",
+            log.display(),
+            contents.records.len(),
+            contents.corrupt.len()
+        );
+    }
+    if json && emit.is_none() {
+        let rows: Vec<&TuningRecord> = best.values().copied().collect();
+        println!("{}", serde_json::to_string(&rows)?);
+        return Ok(());
+    }
+    let catalog = Catalog::default();
+    for ((workload, target), r) in &best {
+        let m = r.result.as_ref().ok();
+        match emit {
+            None => println!(
+                "{workload} [{target}]: {:.4} ms, {:.1} GFLOP/s, {}",
+                m.map_or(0.0, |m| m.timing.median_s * 1e3),
+                m.map_or(0.0, |m| m.gflops),
+                r.mapping.clone().unwrap_or_else(|| "no instruction".into())
+            ),
+            Some("trace") => {
+                println!("// {workload} [{target}]\n{}", r.trace.to_json_pretty())
+            }
+            Some("c") => {
+                let w: Workload = workload
+                    .parse()
+                    .with_context(|| format!("record workload `{workload}`"))?;
+                let program = r.trace.lower(&w.to_op(), &catalog)?;
+                let k = tessel_cpu::generate(&program, "kernel", &catalog)?;
+                println!("/* {workload} [{target}] */\n{}", k.source);
+            }
+            Some("cuda") => bail!("--emit cuda needs the GPU backend (tessel-gpu), not built yet"),
+            Some(other) => bail!("--emit takes c, cuda or trace, not `{other}`"),
+        }
+    }
+    Ok(())
+}

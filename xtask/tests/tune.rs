@@ -1,0 +1,144 @@
+//! `cargo xtask tune` end to end: a kill -9 in the middle, a rerun that resumes without
+//! re-measuring, `best` on the log, and clear errors for bad input.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const XTASK: &str = env!("CARGO_BIN_EXE_xtask");
+
+fn lines(path: &std::path::Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|s| s.lines().filter(|l| l.ends_with('}')).count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_killed_tuning_run_resumes_from_its_log() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("tune-kill");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("log.jsonl");
+    let args = |trials: &str| {
+        vec![
+            "tune".to_string(),
+            "--workload".into(),
+            "gemm:m=32,n=48,k=64,dtype=f32".into(),
+            "--trials".into(),
+            trials.into(),
+            "--measure-batch".into(),
+            "4".into(),
+            "--population".into(),
+            "16".into(),
+            "--log".into(),
+            log.display().to_string(),
+        ]
+    };
+    let mut child = Command::new(XTASK)
+        .args(args("400"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while lines(&log) < 8 && start.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let before = lines(&log);
+    assert!(before >= 8, "the first run logged {before} records");
+
+    let out = Command::new(XTASK)
+        .args(args(&(before + 8).to_string()))
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(report["resumed_from_log"], before);
+    assert_eq!(report["measured_this_run"], 8);
+    assert_eq!(report["trials"], before + 8);
+    for key in [
+        "workload",
+        "target",
+        "latency_ms",
+        "gflops",
+        "percent_of_peak",
+        "search_time_s",
+    ] {
+        assert!(report.get(key).is_some(), "missing {key}: {report}");
+    }
+    assert!(report["gflops"].as_f64().unwrap() > 0.0);
+
+    // Every logged candidate is distinct: nothing was measured twice.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let traces: Vec<String> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| v["trace"].to_string())
+        .collect();
+    let distinct: std::collections::HashSet<&String> = traces.iter().collect();
+    assert_eq!(traces.len(), before + 8);
+    assert_eq!(distinct.len(), traces.len());
+
+    let best = Command::new(XTASK)
+        .args(["best", "--log"])
+        .arg(&log)
+        .args(["--emit", "c"])
+        .output()
+        .unwrap();
+    assert!(
+        best.status.success(),
+        "{}",
+        String::from_utf8_lossy(&best.stderr)
+    );
+    assert!(String::from_utf8_lossy(&best.stdout).contains("void kernel(void *const *args)"));
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let run = |args: &[&str]| {
+        let out = Command::new(XTASK).args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        err
+    };
+    assert!(
+        run(&[
+            "tune",
+            "--workload",
+            "gemm:m=0,n=4,k=4,dtype=f32",
+            "--trials",
+            "4"
+        ])
+        .contains("m")
+    );
+    assert!(
+        run(&[
+            "tune",
+            "--workload",
+            "gemm:m=4,n=4,k=4,dtype=f32",
+            "--target",
+            "cuda"
+        ])
+        .contains("cuda")
+    );
+    assert!(
+        run(&[
+            "tune",
+            "--workload",
+            "gemm:m=4,n=4,k=4,dtype=f32",
+            "--model",
+            "m.safetensors"
+        ])
+        .contains("--model")
+    );
+    assert!(run(&["best", "--log", "/nonexistent/log.jsonl"]).contains("no successful record"));
+}
