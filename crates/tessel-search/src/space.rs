@@ -12,10 +12,10 @@ use tessel_ir::{ComputeOp, IterKind, LayoutTransform, Program, Scope, Trace};
 use crate::rng::Rng;
 
 /// At most this many mappings per instruction (least padding first) enter the space.
-const MAX_MAPPINGS_PER_INSTRUCTION: usize = 6;
+const MAX_MAPPINGS_PER_INSTRUCTION: usize = 8;
 
-/// Accumulator buffers larger than this (per anchor) are rejected before compilation.
-const MAX_ACC_BYTES: u64 = 4 << 20;
+/// Accumulators and caches larger than this (per anchor) are rejected before compilation.
+const MAX_LOCAL_BYTES: u64 = 4 << 20;
 
 /// One point of the space.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -32,6 +32,10 @@ pub enum Sketch {
         /// Loop order: 0 = n, k, m (B block reused across m), 1 = n, m, k, 2 = m, n, k.
         order: u8,
         pack_b: bool,
+        /// Copy instruction operand A into a dense local buffer inside this block loop (0..3
+        /// in loop order): im2col with zero padding for convolutions, contiguous tiles for
+        /// row-major A. None: read A in place.
+        cache_a: Option<u8>,
         parallel: bool,
         local_acc: bool,
         unroll: bool,
@@ -47,6 +51,9 @@ pub enum Sketch {
         vectorize: bool,
         /// Unroll the middle tile of this spatial variable.
         unroll: Option<usize>,
+        /// Copy the first input's tile into a local buffer at the outer tile loops (zero
+        /// padding included, so the inner loops read without bounds checks).
+        cache_input: bool,
     },
 }
 
@@ -118,12 +125,15 @@ impl Space {
                 continue;
             }
             match match_op(op, intr) {
-                Ok(ms) => mappings.extend(ms.into_iter().take(MAX_MAPPINGS_PER_INSTRUCTION).map(
-                    |mapping| SpaceMapping {
-                        intrinsic: intr,
-                        mapping,
-                    },
-                )),
+                Ok(mut ms) => {
+                    ms.sort_by(|a, b| promise(op, a).total_cmp(&promise(op, b)));
+                    mappings.extend(ms.into_iter().take(MAX_MAPPINGS_PER_INSTRUCTION).map(
+                        |mapping| SpaceMapping {
+                            intrinsic: intr,
+                            mapping,
+                        },
+                    ))
+                }
                 Err(e) => skipped.push((id.clone(), e.to_string())),
             }
         }
@@ -201,6 +211,11 @@ impl Space {
             kc,
             order: rng.below(3) as u8,
             pack_b: rng.chance(75),
+            cache_a: if rng.chance(50) {
+                Some(rng.below(3) as u8)
+            } else {
+                None
+            },
             parallel: rng.chance(80),
             local_acc: rng.chance(80),
             unroll: rng.chance(90),
@@ -235,6 +250,7 @@ impl Space {
             } else {
                 None
             },
+            cache_input: rng.chance(40),
         }
     }
 
@@ -252,6 +268,7 @@ impl Space {
                 kc,
                 order,
                 pack_b,
+                cache_a,
                 parallel,
                 local_acc,
                 unroll,
@@ -267,7 +284,16 @@ impl Space {
                     1 => *nr = pick(rng, tiles(1, intr.n), (max_acc / *mr).clamp(1, 8)),
                     2 | 3 => *kc = pick(rng, tiles(2, intr.k), 1024 / intr.k.max(1)),
                     4 => *order = rng.below(3) as u8,
-                    5 => *pack_b = !*pack_b,
+                    5 => {
+                        if rng.chance(50) {
+                            *pack_b = !*pack_b
+                        } else {
+                            *cache_a = match cache_a {
+                                Some(_) if rng.chance(50) => None,
+                                _ => Some(rng.below(3) as u8),
+                            }
+                        }
+                    }
                     6 => *local_acc = !*local_acc,
                     _ => {
                         if rng.chance(50) {
@@ -285,6 +311,7 @@ impl Space {
                 local_acc,
                 vectorize,
                 unroll,
+                cache_input,
             } => {
                 let spatial = self.spatial();
                 let reductions = self.reductions();
@@ -299,13 +326,11 @@ impl Space {
                         let i = rng.below(rtiles.len() as u64) as usize;
                         rtiles[i] = pick(rng, self.op.iter_vars[reductions[i]].extent, 256);
                     }
-                    3 => {
-                        if rng.chance(50) {
-                            *parallel = !*parallel
-                        } else {
-                            *local_acc = !*local_acc
-                        }
-                    }
+                    3 => match rng.below(3) {
+                        0 => *parallel = !*parallel,
+                        1 => *local_acc = !*local_acc,
+                        _ => *cache_input = !*cache_input,
+                    },
                     _ => {
                         if rng.chance(50) || tiles.is_empty() {
                             *vectorize = !*vectorize
@@ -363,13 +388,14 @@ impl Space {
                 kc,
                 order,
                 pack_b,
+                cache_a,
                 parallel,
                 local_acc,
                 unroll,
             } => Ok(self.tensorized_trace(
                 *mapping,
                 (*mr, *nr, *kc, *order),
-                (*pack_b, *parallel, *local_acc, *unroll),
+                (*pack_b, *cache_a, *parallel, *local_acc, *unroll),
             )),
             Sketch::Scalar {
                 tiles,
@@ -378,7 +404,13 @@ impl Space {
                 local_acc,
                 vectorize,
                 unroll,
-            } => Ok(self.scalar_trace(tiles, rtiles, *parallel, *local_acc, *vectorize, *unroll)),
+                cache_input,
+            } => Ok(self.scalar_trace(
+                tiles,
+                rtiles,
+                (*parallel, *local_acc, *vectorize, *cache_input),
+                *unroll,
+            )),
         }
     }
 
@@ -389,9 +421,14 @@ impl Space {
             .lower(&self.op, &self.catalog)
             .map_err(|e| e.to_string())?;
         for b in &p.buffers {
-            if b.role == tessel_ir::BufferRole::Accumulator && b.bytes() > MAX_ACC_BYTES {
+            let local = matches!(
+                b.role,
+                tessel_ir::BufferRole::Accumulator | tessel_ir::BufferRole::Cache { .. }
+            );
+            if local && b.bytes() > MAX_LOCAL_BYTES {
                 return Err(format!(
-                    "accumulator of {} bytes exceeds the {MAX_ACC_BYTES}-byte budget",
+                    "{} of {} bytes exceeds the {MAX_LOCAL_BYTES}-byte budget of a local buffer",
+                    b.name,
                     b.bytes()
                 ));
             }
@@ -403,7 +440,7 @@ impl Space {
         &self,
         mapping: usize,
         (mr, nr, kc, order): (u64, u64, u64, u8),
-        (pack_b, parallel, local_acc, unroll): (bool, bool, bool, bool),
+        (pack_b, cache_a, parallel, local_acc, unroll): (bool, Option<u8>, bool, bool, bool),
     ) -> Trace {
         let m = &self.mappings[mapping];
         let (intr, map) = (m.intrinsic, &m.mapping);
@@ -471,6 +508,10 @@ impl Space {
         if local_acc && first_red > 0 {
             let local = Scope::new("local").expect("a valid scope name");
             t.cache_write(local, Some(&full[first_red - 1]));
+        }
+        if let Some(at) = cache_a {
+            let local = Scope::new("local").expect("a valid scope name");
+            t.cache_read(map.operands[0], local, Some(blocks[at.min(2) as usize]));
         }
         if unroll {
             t.unroll(&p(fm, 1)).unroll(&p(fnn, 1));
@@ -545,9 +586,7 @@ impl Space {
         &self,
         tiles: &[(u64, u64)],
         rtiles: &[u64],
-        parallel: bool,
-        local_acc: bool,
-        vectorize: bool,
+        (parallel, local_acc, vectorize, cache_input): (bool, bool, bool, bool),
         unroll: Option<usize>,
     ) -> Trace {
         let mut t = Trace::new();
@@ -571,10 +610,13 @@ impl Space {
             if parallel {
                 t.parallel(&format!("{}.0", name(first)));
             }
+            let last = spatial[spatial.len() - 1];
+            let local = Scope::new("local").expect("a valid scope name");
             if local_acc {
-                let last = spatial[spatial.len() - 1];
-                let local = Scope::new("local").expect("a valid scope name");
-                t.cache_write(local, Some(&format!("{}.0", name(last))));
+                t.cache_write(local.clone(), Some(&format!("{}.0", name(last))));
+            }
+            if cache_input {
+                t.cache_read(0, local, Some(&format!("{}.0", name(last))));
             }
             if let Some(u) = unroll
                 && let Some(&v) = spatial.get(u)
@@ -597,6 +639,24 @@ impl fmt::Display for Sketch {
             Err(_) => f.write_str("<sketch>"),
         }
     }
+}
+
+/// Lower is more promising: padding first; then whether the instruction's n (its vector
+/// lanes or tile columns) runs along the output's contiguous dimension; then the work inside
+/// the instruction dimensions (large m and k leave room for register blocks and long
+/// reductions); then the bytes the transforms move.
+fn promise(op: &ComputeOp, m: &Mapping) -> f64 {
+    let out = &op.output;
+    let last_n = m.dims[1].vars.last().and_then(|v| op.var_index(v));
+    let contiguous = last_n.is_some_and(|v| {
+        out.indices
+            .last()
+            .is_some_and(|e| e.terms.len() == 1 && e.coeff(v) == 1)
+    });
+    let work = (m.dims[0].extent as f64 * m.dims[2].extent as f64).max(1.0);
+    let waste = (m.padding_waste() * 100.0).round();
+    waste * 1e6 + if contiguous { 0.0 } else { 1e5 } - work.log2() * 1e3
+        + (m.transform_bytes() as f64 + 1.0).log2()
 }
 
 /// How many accumulators a register block may hold: AMX keeps 2 of its 8 tiles for A and B;

@@ -120,6 +120,7 @@ fn capacity_checks_reject_register_blocks_that_do_not_fit() {
         kc: 4,
         order: 0,
         pack_b: true,
+        cache_a: None,
         parallel: true,
         local_acc: true,
         unroll: true,
