@@ -1,6 +1,7 @@
 //! `cargo xtask`: tessel's pipelines: `workloads`, `intrinsics`, `match`, `measure`, `bench cpu`.
 
 mod cpu;
+mod features;
 mod tune;
 
 use std::path::PathBuf;
@@ -134,6 +135,24 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The allocation features of a candidate, column by column: a --trace on this CPU, or the
+    /// best record of a --log on the machine that measured it.
+    Features {
+        /// A workload spec (with --trace; with --log, picks among its workloads).
+        #[arg(long)]
+        workload: Option<String>,
+        /// A trace (JSON), e.g. from `cargo xtask best --emit trace`.
+        #[arg(long, conflicts_with = "log")]
+        trace: Option<PathBuf>,
+        /// A tuning log: its best record.
+        #[arg(long)]
+        log: Option<PathBuf>,
+        /// Cores the target uses (with --trace).
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// The CPU measurement worker (started by the tuner itself).
     #[command(hide = true)]
     CpuWorker,
@@ -230,6 +249,19 @@ fn run(cli: Cli) -> Result<()> {
             json,
         })?,
         Command::Best { log, emit, json } => tune::best(&log, emit.as_deref(), json)?,
+        Command::Features {
+            workload,
+            trace,
+            log,
+            threads,
+            json,
+        } => features::run(
+            workload.as_deref(),
+            trace.as_deref(),
+            log.as_deref(),
+            threads,
+            json,
+        )?,
         Command::Measure {
             workload,
             intrinsic,

@@ -1,0 +1,269 @@
+//! What the features know of a machine: caches, registers, bandwidths, cores, clock and the
+//! peak of each instruction family it has.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tessel_intrin::{Catalog, Intrinsic, Platform, Requirement, Storage};
+use tessel_ir::DType;
+use tessel_measure::HardwareFingerprint;
+
+use crate::FeatureError;
+
+/// A target as the features see it. Sizes are per core (CPU L1/L2) or per SM (GPU L1/shared);
+/// `l3_bytes` and the GPU's `l2_bytes` are shared by all.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Target {
+    pub name: String,
+    pub gpu: bool,
+    /// Cores (CPU) or SMs (GPU) in use.
+    pub cores: u32,
+    pub clock_ghz: f64,
+    pub l1_bytes: u64,
+    pub l2_bytes: u64,
+    pub l3_bytes: u64,
+    pub shared_bytes: u64,
+    /// Bytes of one vector register (CPU: 64 with AVX-512, 32 with AVX2) and how many.
+    pub vector_register_bytes: u64,
+    pub vector_registers: u64,
+    /// Main-memory and L2 bandwidth available to the cores in use, GB/s.
+    pub memory_bw_gbs: f64,
+    pub l2_bw_gbs: f64,
+    /// The catalog instructions this target runs.
+    pub instructions: Vec<String>,
+    /// The hardware token, built on first use (build a new target rather than editing one).
+    #[serde(skip)]
+    pub(crate) token: std::sync::OnceLock<Vec<f32>>,
+}
+
+/// Nominal figures where a fingerprint has none: one core of a current server part.
+const DEFAULT_CLOCK_GHZ: f64 = 2.5;
+const DRAM_GBS_PER_CORE: f64 = 12.0;
+const DRAM_GBS_MAX: f64 = 200.0;
+const L2_BYTES_PER_CYCLE: f64 = 32.0;
+
+impl Target {
+    /// A CPU with these `/proc/cpuinfo` feature flags, `cores` in use and cache sizes by level
+    /// name (`l1d`, `l2`, `l3`, bytes; missing ones get typical sizes).
+    pub fn cpu(
+        name: &str,
+        features: &[String],
+        cores: u32,
+        caches: &BTreeMap<String, u64>,
+        clock_ghz: Option<f64>,
+    ) -> Target {
+        let has = |f: &str| features.iter().any(|x| x == f);
+        let catalog = Catalog::default();
+        let instructions = catalog
+            .intrinsics
+            .iter()
+            .filter(|i| match &i.requires {
+                Requirement::CpuFeatures(fs) => fs.iter().all(|f| has(f)),
+                Requirement::ComputeCapability(..) => false,
+            })
+            .map(|i| i.id.to_string())
+            .collect();
+        let (vector_register_bytes, vector_registers) = if has("avx512f") {
+            (64, 32)
+        } else if has("avx2") {
+            (32, 16)
+        } else {
+            (16, 16)
+        };
+        let cores = cores.max(1);
+        let clock_ghz = clock_ghz.unwrap_or(DEFAULT_CLOCK_GHZ);
+        Target {
+            name: name.to_string(),
+            gpu: false,
+            cores,
+            clock_ghz,
+            l1_bytes: caches.get("l1d").copied().unwrap_or(32 << 10),
+            l2_bytes: caches.get("l2").copied().unwrap_or(1 << 20),
+            l3_bytes: caches.get("l3").copied().unwrap_or(16 << 20),
+            shared_bytes: 0,
+            vector_register_bytes,
+            vector_registers,
+            memory_bw_gbs: (DRAM_GBS_PER_CORE * cores as f64).min(DRAM_GBS_MAX),
+            l2_bw_gbs: L2_BYTES_PER_CYCLE * clock_ghz * cores as f64,
+            instructions,
+            token: Default::default(),
+        }
+    }
+
+    /// An NVIDIA GPU of compute capability `cc` with `sms` SMs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gpu(
+        name: &str,
+        cc: (u32, u32),
+        sms: u32,
+        clock_ghz: f64,
+        shared_bytes: u64,
+        l2_bytes: u64,
+        memory_bw_gbs: f64,
+        l2_bw_gbs: f64,
+    ) -> Target {
+        let catalog = Catalog::default();
+        let instructions = catalog
+            .intrinsics
+            .iter()
+            .filter(|i| match i.requires {
+                Requirement::ComputeCapability(a, b) => (a, b) <= cc && !i.description_only,
+                Requirement::CpuFeatures(_) => false,
+            })
+            .map(|i| i.id.to_string())
+            .collect();
+        Target {
+            name: name.to_string(),
+            gpu: true,
+            cores: sms.max(1),
+            clock_ghz,
+            l1_bytes: shared_bytes,
+            l2_bytes,
+            l3_bytes: 0,
+            shared_bytes,
+            // 64K 32-bit registers per SM.
+            vector_register_bytes: 4,
+            vector_registers: 65536,
+            memory_bw_gbs,
+            l2_bw_gbs,
+            instructions,
+            token: Default::default(),
+        }
+    }
+
+    /// The target a measurement ran on, from its hardware fingerprint.
+    pub fn from_fingerprint(fp: &HardwareFingerprint) -> Result<Target, FeatureError> {
+        match fp.kind.as_str() {
+            "cpu" => Ok(Target::cpu(
+                &fp.model,
+                &fp.features,
+                fp.cores_used,
+                &fp.caches,
+                None,
+            )),
+            "gpu" | "sim" => {
+                let cc = parse_cc(&fp.version).ok_or_else(|| {
+                    FeatureError::Target(format!(
+                        "GPU fingerprint `{}` has no compute capability in `{}`",
+                        fp.model, fp.version
+                    ))
+                })?;
+                let shared = fp.caches.get("shared").copied().unwrap_or(100 << 10);
+                let l2 = fp.caches.get("l2").copied().unwrap_or(40 << 20);
+                Ok(Target::gpu(
+                    &fp.model,
+                    cc,
+                    fp.cores_used,
+                    1.5,
+                    shared,
+                    l2,
+                    1500.0,
+                    5000.0,
+                ))
+            }
+            other => Err(FeatureError::Target(format!(
+                "unknown target kind `{other}` (expected cpu, gpu or sim)"
+            ))),
+        }
+    }
+
+    /// Bytes of operand registers per core (CPU: vector registers plus AMX tiles where present)
+    /// or per SM (GPU).
+    pub fn register_bytes(&self) -> u64 {
+        let tiles = self
+            .intrinsics()
+            .filter_map(|i| match i.memory[2].storage {
+                Storage::AmxTile { rows, row_bytes } => {
+                    Some(i.registers as u64 * rows as u64 * row_bytes as u64)
+                }
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        self.vector_register_bytes * self.vector_registers + tiles
+    }
+
+    /// The target's instructions, from the catalog.
+    pub fn intrinsics(&self) -> impl Iterator<Item = &'static Intrinsic> + '_ {
+        let catalog = catalog();
+        self.instructions.iter().filter_map(|id| catalog.get(id))
+    }
+
+    /// Best published MAC/cycle/core among the target's instructions that `pick`s.
+    pub fn peak(&self, pick: impl Fn(&Intrinsic) -> bool) -> f64 {
+        self.intrinsics()
+            .filter(|i| pick(i))
+            .filter_map(|i| i.throughput.map(|t| t.macs_per_cycle))
+            .fold(0.0, f64::max)
+    }
+
+    /// Peaks by input type and for matrix instructions, in schema order (f32, bf16, f16, int8,
+    /// matrix).
+    pub fn peaks(&self) -> [f64; 5] {
+        let matrix = |i: &Intrinsic| {
+            matches!(i.memory[2].storage, Storage::AmxTile { .. }) || i.platform == Platform::Nvidia
+        };
+        [
+            self.peak(|i| i.a == DType::F32),
+            self.peak(|i| i.a == DType::BF16),
+            self.peak(|i| i.a == DType::F16),
+            self.peak(|i| matches!(i.a, DType::I8 | DType::U8)),
+            self.peak(matrix),
+        ]
+    }
+}
+
+/// The catalog, built once: features look instructions up on every program.
+pub(crate) fn catalog() -> &'static Catalog {
+    static CATALOG: std::sync::OnceLock<Catalog> = std::sync::OnceLock::new();
+    CATALOG.get_or_init(Catalog::default)
+}
+
+/// `8.0`, `sm_80` or `compute capability 8.0` -> (8, 0).
+fn parse_cc(s: &str) -> Option<(u32, u32)> {
+    let digits: String = s
+        .chars()
+        .filter(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    if let Some((a, b)) = digits.split_once('.') {
+        return Some((a.parse().ok()?, b.chars().next()?.to_digit(10)?));
+    }
+    let mut it = digits.chars();
+    let a = it.next()?.to_digit(10)?;
+    let b = it.next()?.to_digit(10)?;
+    Some((a, b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_targets_list_their_instructions_and_peaks() {
+        let avx2 = Target::cpu(
+            "t",
+            &["avx2".into(), "fma".into()],
+            1,
+            &BTreeMap::new(),
+            None,
+        );
+        assert_eq!(avx2.instructions, vec!["avx2.vfmadd231ps".to_string()]);
+        assert_eq!(avx2.peaks(), [16.0, 0.0, 0.0, 0.0, 0.0]);
+        assert_eq!(avx2.register_bytes(), 16 * 32);
+        let spr: Vec<String> = ["avx2", "fma", "avx512f", "amx_tile", "amx_bf16", "amx_int8"]
+            .map(String::from)
+            .to_vec();
+        let spr = Target::cpu("spr", &spr, 4, &BTreeMap::new(), Some(2.0));
+        assert_eq!(spr.peaks()[1], 512.0);
+        assert_eq!(spr.peaks()[4], 1024.0);
+        assert_eq!(spr.register_bytes(), 32 * 64 + 8 * 1024);
+    }
+
+    #[test]
+    fn compute_capabilities_parse() {
+        assert_eq!(parse_cc("8.0"), Some((8, 0)));
+        assert_eq!(parse_cc("sm_90"), Some((9, 0)));
+        assert_eq!(parse_cc("compute capability 7.5"), Some((7, 5)));
+        assert_eq!(parse_cc("none"), None);
+    }
+}

@@ -1,0 +1,149 @@
+//! `cargo xtask features`: the allocation features of one candidate, column by column.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+use tessel_features::{COLUMNS, Column, Features, SCHEMA_VERSION, Source, Target, extract};
+use tessel_intrin::Catalog;
+use tessel_ir::{Program, Trace, Workload};
+use tessel_search::{TuningRecord, read_log};
+
+#[derive(Serialize)]
+struct Report<'a> {
+    schema_version: u32,
+    workload: String,
+    target: String,
+    columns: &'a [Column],
+    tokens: Vec<TokenReport>,
+}
+
+#[derive(Serialize)]
+struct TokenReport {
+    source: Source,
+    /// The buffer's name for data tokens.
+    buffer: Option<String>,
+    values: Vec<f32>,
+}
+
+/// The features of `--trace` on this CPU, or of the best record of `--log` on the machine
+/// that measured it.
+pub fn run(
+    workload: Option<&str>,
+    trace: Option<&Path>,
+    log: Option<&Path>,
+    threads: usize,
+    json: bool,
+) -> Result<()> {
+    let catalog = Catalog::default();
+    let (spec, trace, target) = match (trace, log) {
+        (Some(path), None) => {
+            let spec = workload.context("--trace needs --workload")?;
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading trace {}", path.display()))?;
+            let trace = Trace::from_json(&text)
+                .with_context(|| format!("parsing trace {}", path.display()))?;
+            let fp = tessel_cpu::fingerprint(threads, "gcc");
+            (spec.to_string(), trace, Target::from_fingerprint(&fp)?)
+        }
+        (None, Some(path)) => {
+            let record = best_record(path, workload)?;
+            let target = Target::from_fingerprint(&record.fingerprint)
+                .with_context(|| format!("the machine of {}", path.display()))?;
+            (record.workload.clone(), record.trace.clone(), target)
+        }
+        _ => bail!("give either --trace FILE (with --workload) or --log FILE"),
+    };
+    let w: Workload = spec.parse().with_context(|| format!("workload `{spec}`"))?;
+    let program: Program = trace
+        .lower(&w.to_op(), &catalog)
+        .with_context(|| format!("lowering the trace on {spec}"))?;
+    let features = extract(&program, &target)?;
+    if json {
+        let report = Report {
+            schema_version: SCHEMA_VERSION,
+            workload: spec,
+            target: target.name.clone(),
+            columns: COLUMNS,
+            tokens: (0..features.len())
+                .map(|i| TokenReport {
+                    source: features.sources[i],
+                    buffer: buffer_name(&program, &features, i),
+                    values: features.token(i).to_vec(),
+                })
+                .collect(),
+        };
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    println!(
+        "{spec} on {} (feature schema v{SCHEMA_VERSION}, {} tokens of {} columns; zero columns omitted)",
+        target.name,
+        features.len(),
+        tessel_features::WIDTH
+    );
+    for i in 0..features.len() {
+        let title = match features.sources[i] {
+            Source::Statement(n) => format!("compute: statement {n}"),
+            Source::Buffer { level, .. } => format!(
+                "data: {} at {level:?}",
+                buffer_name(&program, &features, i).unwrap_or_default()
+            ),
+            Source::Hardware => "hardware".to_string(),
+        };
+        println!("[{i}] {title}");
+        for (v, c) in features.token(i).iter().zip(COLUMNS) {
+            if *v != 0.0 && !c.name.starts_with("kind.") {
+                println!("    {:<26} {:>10.4}  {}", c.name, v, c.unit);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn buffer_name(program: &Program, f: &Features, i: usize) -> Option<String> {
+    match f.sources[i] {
+        Source::Buffer { buffer, .. } => program.buffers.get(buffer).map(|b| b.name.clone()),
+        _ => None,
+    }
+}
+
+/// The fastest successful record, of `workload` where given.
+fn best_record(path: &Path, workload: Option<&str>) -> Result<TuningRecord> {
+    let contents = read_log(path)?;
+    for c in &contents.corrupt {
+        eprintln!(
+            "warning: {}:{}: skipped a corrupt record ({})",
+            path.display(),
+            c.line,
+            c.reason
+        );
+    }
+    let mut workloads: Vec<&str> = contents
+        .records
+        .iter()
+        .map(|r| r.workload.as_str())
+        .collect();
+    workloads.sort_unstable();
+    workloads.dedup();
+    let wanted = match workload {
+        Some(w) => w.to_string(),
+        None if workloads.len() == 1 => workloads[0].to_string(),
+        None if workloads.is_empty() => bail!("{} holds no record", path.display()),
+        None => bail!(
+            "{} holds several workloads; pick one with --workload: {}",
+            path.display(),
+            workloads.join(", ")
+        ),
+    };
+    contents
+        .records
+        .into_iter()
+        .filter(|r| r.workload == wanted && r.latency().is_some())
+        .min_by(|a, b| {
+            a.latency()
+                .unwrap_or(f64::MAX)
+                .total_cmp(&b.latency().unwrap_or(f64::MAX))
+        })
+        .with_context(|| format!("{} holds no successful record of {wanted}", path.display()))
+}
