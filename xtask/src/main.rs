@@ -101,7 +101,8 @@ enum Command {
         /// Candidates to measure in all (records already in --log count).
         #[arg(long, default_value_t = 64)]
         trials: usize,
-        /// Cost model: `none` (random ranking, the default until tessel-model lands).
+        /// Cost model: a model file from `cargo xtask pretrain` (its `.safetensors` or `.json`),
+        /// or `none` for the random ranking (the default until a pretrained model ships).
         #[arg(long)]
         model: Option<String>,
         /// Tuning log (JSON Lines).

@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use tessel_intrin::Catalog;
 use tessel_ir::{DType, Workload, network};
-use tessel_measure::Measurer;
+use tessel_measure::{CostModel, Measurer};
 use tessel_search::{
     InstructionSet, RandomModel, RecordLog, SearchOptions, Task, Tuner, TuningRecord, read_log,
 };
@@ -75,12 +75,16 @@ pub fn tune(a: TuneArgs) -> Result<()> {
             a.target
         );
     }
-    match a.model.as_deref() {
-        None | Some("none") | Some("random") => {}
-        Some(other) => bail!(
-            "--model `{other}`: learned models arrive with tessel-model; use `--model none` (the random cost model) for now"
-        ),
-    }
+    // Load the model before anything slow, so a bad file fails at once.
+    let learned = match a.model.as_deref() {
+        None | Some("none") | Some("random") => None,
+        Some(path) => {
+            let model = tessel_model::Model::load(Path::new(path))
+                .with_context(|| format!("--model {path}"))?;
+            model.check_schema(tessel_features::SCHEMA_VERSION)?;
+            Some((path.to_string(), model))
+        }
+    };
     if a.trials == 0 {
         bail!("--trials must be at least 1");
     }
@@ -138,7 +142,18 @@ pub fn tune(a: TuneArgs) -> Result<()> {
             .map(|p| p.gops)
     };
 
-    let mut model = RandomModel::new(a.seed);
+    let mut model: Box<dyn CostModel> = match learned {
+        None => Box::new(RandomModel::new(a.seed)),
+        Some((path, m)) => {
+            let target = tessel_features::Target::from_fingerprint(&fingerprint)?;
+            let online = tessel_model::cost::OnlineOptions {
+                seed: a.seed,
+                ..Default::default()
+            };
+            Box::new(tessel_model::ModelCostModel::new(m, target, &path, online))
+        }
+    };
+    let model_name = model.name();
     let opts = SearchOptions {
         population: a.population,
         generations: 2,
@@ -162,7 +177,7 @@ pub fn tune(a: TuneArgs) -> Result<()> {
         None => (None, Vec::new()),
     };
     let start = Instant::now();
-    let mut tuner = Tuner::new(&mut measurer, &mut model, log, "cpu", opts);
+    let mut tuner = Tuner::new(&mut measurer, model.as_mut(), log, "cpu", opts);
     tuner.resume(&mut tasks, &resumed);
     let bar = ProgressBar::new(a.trials as u64);
     bar.set_style(
@@ -226,7 +241,7 @@ pub fn tune(a: TuneArgs) -> Result<()> {
     let report = TuneReport {
         workload: label.clone(),
         target: "cpu".into(),
-        model: "random".into(),
+        model: model_name.clone(),
         latency_ms: latency_s.map(|l| l * 1e3),
         gflops,
         percent_of_peak: percent,
@@ -241,7 +256,7 @@ pub fn tune(a: TuneArgs) -> Result<()> {
     };
     if !a.json {
         println!(
-            "{label} on {} ({} thread(s)), cost model: random",
+            "{label} on {} ({} thread(s)), cost model: {model_name}",
             fingerprint.model, a.threads
         );
         println!(

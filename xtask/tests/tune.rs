@@ -142,3 +142,50 @@ fn bad_input_is_a_clear_error() {
     );
     assert!(run(&["best", "--log", "/nonexistent/log.jsonl"]).contains("no successful record"));
 }
+
+#[test]
+fn tune_ranks_with_a_model_file() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("tune-model");
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut config = tessel_model::ModelConfig::new(tessel_features::WIDTH);
+    config.d_model = 16;
+    config.heads = 2;
+    config.d_ff = 32;
+    let path = dir.join("model.safetensors");
+    tessel_model::Model::new(config, 1)
+        .unwrap()
+        .save(&path)
+        .unwrap();
+    let out = Command::new(XTASK)
+        .args([
+            "tune",
+            "--workload",
+            "gemm:m=32,n=32,k=32,dtype=f32",
+            "--trials",
+            "8",
+            "--measure-batch",
+            "4",
+            "--population",
+            "16",
+            "--json",
+            "--model",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let last = stdout.lines().last().unwrap();
+    let report: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert_eq!(report["trials"], 8);
+    assert!(
+        report["model"]
+            .as_str()
+            .unwrap()
+            .contains("model.safetensors")
+    );
+}

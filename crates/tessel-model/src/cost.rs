@@ -1,0 +1,144 @@
+//! The model as the search's [`CostModel`]: features are extracted for the model's target,
+//! scored in parallel, and every measured batch triggers a few quick training steps on a
+//! bounded buffer of recent records (low learning rate, so the pretrained ranking is kept).
+
+use std::collections::HashMap;
+
+use tessel_features::{Target, extract_batch};
+use tessel_ir::Program;
+use tessel_measure::{CostModel, MeasureResult};
+
+use crate::train::{Loss, Trainable, optimizer, step};
+use crate::{Dataset, Model, Sample};
+
+/// Online learning settings.
+#[derive(Clone, Debug)]
+pub struct OnlineOptions {
+    /// Optimisation steps after each measured batch (0: never learn online).
+    pub steps: usize,
+    pub lr: f64,
+    /// Most recent records kept for online steps.
+    pub buffer: usize,
+    pub seed: u64,
+}
+
+impl Default for OnlineOptions {
+    fn default() -> Self {
+        OnlineOptions {
+            steps: 4,
+            lr: 2e-4,
+            buffer: 2048,
+            seed: 1,
+        }
+    }
+}
+
+pub struct ModelCostModel {
+    model: Model,
+    target: Target,
+    label: String,
+    online: OnlineOptions,
+    tasks: HashMap<String, usize>,
+    buffer: Vec<Sample>,
+    rng: crate::net::InitRng,
+}
+
+impl ModelCostModel {
+    /// `label` names the model in reports (its file, usually).
+    pub fn new(model: Model, target: Target, label: &str, online: OnlineOptions) -> Self {
+        let rng = crate::net::InitRng::new(online.seed);
+        ModelCostModel {
+            model,
+            target,
+            label: label.to_string(),
+            online,
+            tasks: HashMap::new(),
+            buffer: Vec::new(),
+            rng,
+        }
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// Tasks are operators: same computation and shapes, same task.
+    fn task_of(&mut self, p: &Program) -> usize {
+        let key = format!("{:?}", p.op);
+        let n = self.tasks.len();
+        *self.tasks.entry(key).or_insert(n)
+    }
+}
+
+impl CostModel for ModelCostModel {
+    fn name(&self) -> String {
+        self.label.clone()
+    }
+
+    fn predict(&mut self, programs: &[&Program]) -> Vec<f64> {
+        let features = extract_batch(programs, &self.target);
+        let tokens: Vec<&[f32]> = features
+            .iter()
+            .map(|f| f.as_ref().map_or(&[][..], |f| &f.tokens[..]))
+            .collect();
+        self.model
+            .predict(&tokens)
+            .into_iter()
+            .map(|s| s as f64)
+            .collect()
+    }
+
+    fn update(&mut self, programs: &[&Program], results: &[MeasureResult]) {
+        if self.online.steps == 0 {
+            return;
+        }
+        let features = extract_batch(programs, &self.target);
+        for ((p, r), f) in programs.iter().zip(results).zip(features) {
+            let (Ok(m), Ok(f)) = (r, f) else { continue };
+            if m.timing.median_s.is_nan() || m.timing.median_s <= 0.0 {
+                continue;
+            }
+            let task = self.task_of(p);
+            self.buffer.push(Sample {
+                task,
+                tokens: f.tokens,
+                latency: m.timing.median_s,
+            });
+        }
+        if self.buffer.len() > self.online.buffer {
+            let drop = self.buffer.len() - self.online.buffer;
+            self.buffer.drain(..drop);
+        }
+        let keys: Vec<(String, f64)> = (0..self.tasks.len())
+            .map(|t| (t.to_string(), 1.0))
+            .collect();
+        let Ok(data) = Dataset::new(keys, self.buffer.clone(), self.model.config().width) else {
+            return;
+        };
+        let Ok(mut opt) = optimizer(&self.model, Trainable::All, self.online.lr, 0.0) else {
+            return;
+        };
+        let groups = data.by_task();
+        for _ in 0..self.online.steps {
+            // The most recent task with at least two records, up to 64 of them.
+            let Some(g) = groups
+                .iter()
+                .filter(|g| g.len() >= 2)
+                .max_by_key(|g| g.last())
+            else {
+                return;
+            };
+            let mut rows = g.clone();
+            if rows.len() > 64 {
+                for k in 0..64 {
+                    let j = k + (self.rng.next_u64() % (rows.len() - k) as u64) as usize;
+                    rows.swap(k, j);
+                }
+                rows.truncate(64);
+            }
+            if step(&mut self.model, &data, &rows, Loss::LambdaRank, &mut opt).is_err() {
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,457 @@
+//! Training: batches drawn per task, LambdaRank / pairwise / MSE losses, AdamW with warm-up and
+//! a cosine schedule, early stopping on a validation split made by task, transfer modes.
+
+use std::time::Instant;
+
+use candle_core::{Device, Tensor, Var};
+use candle_nn::optim::{AdamW, Optimizer, ParamsAdamW};
+use serde::Serialize;
+
+use crate::metrics::{self, Metrics, Ranked};
+use crate::net::{self, InitRng};
+use crate::{Dataset, Model, ModelError, Normalizer};
+
+/// The training objective.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Loss {
+    /// Pairwise logistic loss within a task, each pair weighted by how much swapping it
+    /// changes the task's NDCG (LambdaRank).
+    LambdaRank,
+    /// Pairwise logistic loss within a task.
+    Pairwise,
+    /// Squared error on log relative throughput.
+    Mse,
+}
+
+impl std::str::FromStr for Loss {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "lambdarank" => Ok(Loss::LambdaRank),
+            "pairwise" => Ok(Loss::Pairwise),
+            "mse" => Ok(Loss::Mse),
+            other => Err(format!(
+                "unknown loss `{other}` (expected lambdarank, pairwise or mse)"
+            )),
+        }
+    }
+}
+
+/// Which parameters train.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Trainable {
+    All,
+    /// Transfer: the attention backbone is frozen; embedding and head retrain.
+    HeadAndEmbedding,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TrainOptions {
+    pub loss: Loss,
+    pub epochs: usize,
+    pub lr: f64,
+    pub weight_decay: f64,
+    /// Share of all steps spent warming the learning rate up.
+    pub warmup: f64,
+    /// Tasks per batch, and candidates drawn from each.
+    pub tasks_per_batch: usize,
+    pub group_size: usize,
+    /// Steps per epoch (default: about one pass over the training samples, at least 16).
+    pub steps_per_epoch: Option<usize>,
+    /// Share of tasks held out for validation and early stopping (0: none).
+    pub val_fraction: f64,
+    /// Epochs without improvement before stopping.
+    pub patience: usize,
+    pub trainable: Trainable,
+    pub seed: u64,
+}
+
+impl Default for TrainOptions {
+    fn default() -> Self {
+        TrainOptions {
+            loss: Loss::LambdaRank,
+            epochs: 30,
+            lr: 2e-3,
+            weight_decay: 1e-4,
+            warmup: 0.05,
+            tasks_per_batch: 4,
+            group_size: 32,
+            steps_per_epoch: None,
+            val_fraction: 0.2,
+            patience: 6,
+            trainable: Trainable::All,
+            seed: 1,
+        }
+    }
+}
+
+/// One epoch's figures.
+#[derive(Clone, Debug, Serialize)]
+pub struct EpochReport {
+    pub epoch: usize,
+    pub steps: usize,
+    pub train_loss: f64,
+    pub lr: f64,
+    /// Validation metrics (absent without a validation split).
+    pub val: Option<Metrics>,
+    /// Training throughput: programs through forward and backward per second.
+    pub programs_per_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TrainReport {
+    pub epochs: Vec<EpochReport>,
+    /// The epoch whose weights the model keeps (the best on validation).
+    pub best_epoch: usize,
+    pub train_tasks: usize,
+    pub val_tasks: usize,
+}
+
+/// Splits task indices into (train, validation), seeded.
+pub fn split_tasks(n: usize, val_fraction: f64, seed: u64) -> (Vec<usize>, Vec<usize>) {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut rng = InitRng::new(seed ^ 0x5eed);
+    for i in (1..n).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    let val = if n >= 2 && val_fraction > 0.0 {
+        ((n as f64 * val_fraction).round() as usize).clamp(1, n - 1)
+    } else {
+        0
+    };
+    let (v, t) = order.split_at(val);
+    let (mut t, mut v) = (t.to_vec(), v.to_vec());
+    t.sort_unstable();
+    v.sort_unstable();
+    (t, v)
+}
+
+/// Rankings of every task of `data` by `model`.
+pub fn rank(model: &mut Model, data: &Dataset) -> Vec<Ranked> {
+    let scores = model.predict(
+        &data
+            .samples
+            .iter()
+            .map(|s| &s.tokens[..])
+            .collect::<Vec<_>>(),
+    );
+    let mut out: Vec<Ranked> = data
+        .tasks
+        .iter()
+        .map(|(_, w)| Ranked {
+            weight: *w,
+            predicted: Vec::new(),
+            latency: Vec::new(),
+        })
+        .collect();
+    for (s, score) in data.samples.iter().zip(scores) {
+        out[s.task].predicted.push(score as f64);
+        out[s.task].latency.push(s.latency);
+    }
+    out
+}
+
+/// A padded batch: tokens, mask, labels and the task of each row.
+struct Batch {
+    x: Tensor,
+    mask: Tensor,
+    labels: Vec<f64>,
+    groups: Vec<usize>,
+}
+
+fn make_batch(model: &Model, data: &Dataset, rows: &[usize]) -> Result<Batch, ModelError> {
+    let w = data.width;
+    let t_max = rows
+        .iter()
+        .map(|&i| data.samples[i].tokens.len() / w)
+        .max()
+        .unwrap_or(1);
+    let mut x = vec![0f32; rows.len() * t_max * w];
+    let mut mask = vec![0f32; rows.len() * t_max];
+    let mut buf = Vec::new();
+    for (r, &i) in rows.iter().enumerate() {
+        let s = &data.samples[i];
+        model.info.normalizer.apply(&s.tokens, &mut buf);
+        let n = s.tokens.len() / w;
+        x[r * t_max * w..r * t_max * w + n * w].copy_from_slice(&buf);
+        mask[r * t_max..r * t_max + n]
+            .iter_mut()
+            .for_each(|m| *m = 1.0);
+    }
+    Ok(Batch {
+        x: Tensor::from_vec(x, (rows.len(), t_max, w), &Device::Cpu)?,
+        mask: Tensor::from_vec(mask, (rows.len(), t_max), &Device::Cpu)?,
+        labels: rows.iter().map(|&i| data.label(i)).collect(),
+        groups: rows.iter().map(|&i| data.samples[i].task).collect(),
+    })
+}
+
+/// `log(1 + exp(x))`, stable for large |x|.
+fn softplus(x: &Tensor) -> candle_core::Result<Tensor> {
+    x.relu()? + ((x.abs()?.neg()?.exp()? + 1.0)?.log()?)
+}
+
+/// The loss of a batch given its scores `[N]`.
+fn batch_loss(loss: Loss, scores: &Tensor, b: &Batch) -> Result<Tensor, ModelError> {
+    let n = b.labels.len();
+    if loss == Loss::Mse {
+        let target: Vec<f32> = b.labels.iter().map(|y| y.max(1e-6).ln() as f32).collect();
+        let target = Tensor::from_vec(target, n, &Device::Cpu)?;
+        return Ok((scores - target)?.sqr()?.mean_all()?);
+    }
+    // Pair weights: (i, j) in the same task with i faster than j.
+    let s: Vec<f32> = scores.to_vec1()?;
+    let mut rank = vec![0usize; n];
+    let mut ideal = vec![0f64; n];
+    if loss == Loss::LambdaRank {
+        let mut groups: Vec<usize> = b.groups.clone();
+        groups.sort_unstable();
+        groups.dedup();
+        for g in groups {
+            let mut members: Vec<usize> = (0..n).filter(|&i| b.groups[i] == g).collect();
+            members.sort_by(|&x, &y| s[y].total_cmp(&s[x]));
+            for (r, &i) in members.iter().enumerate() {
+                rank[i] = r;
+            }
+            let mut gains: Vec<f64> = members.iter().map(|&i| b.labels[i]).collect();
+            gains.sort_by(|x, y| y.total_cmp(x));
+            let idcg: f64 = gains
+                .iter()
+                .enumerate()
+                .map(|(r, g)| g / (r as f64 + 2.0).log2())
+                .sum();
+            for &i in &members {
+                ideal[i] = idcg.max(1e-12);
+            }
+        }
+    }
+    let mut weights = vec![0f32; n * n];
+    let mut total = 0f64;
+    for i in 0..n {
+        for j in 0..n {
+            if b.groups[i] != b.groups[j] || b.labels[i] <= b.labels[j] {
+                continue;
+            }
+            let w = match loss {
+                Loss::LambdaRank => {
+                    let disc = |r: usize| 1.0 / (r as f64 + 2.0).log2();
+                    (b.labels[i] - b.labels[j]).abs() * (disc(rank[i]) - disc(rank[j])).abs()
+                        / ideal[i]
+                        + 1e-6
+                }
+                _ => 1.0,
+            };
+            weights[i * n + j] = w as f32;
+            total += w;
+        }
+    }
+    if total == 0.0 {
+        // No ordered pair (a single candidate per task): nothing to learn from this batch.
+        return Ok((scores.sum_all()? * 0.0)?);
+    }
+    let weights = Tensor::from_vec(weights, (n, n), &Device::Cpu)?;
+    let diff = scores.unsqueeze(1)?.broadcast_sub(&scores.unsqueeze(0)?)?; // s_i - s_j
+    let l = (softplus(&diff.neg()?)? * weights)?.sum_all()?;
+    Ok((l / total)?)
+}
+
+/// The variables `trainable` selects.
+fn trainable_vars(model: &Model, trainable: Trainable) -> Vec<Var> {
+    model
+        .params
+        .names
+        .iter()
+        .zip(&model.params.vars)
+        .filter(|(n, _)| trainable == Trainable::All || !net::is_backbone(n))
+        .map(|(_, v)| v.clone())
+        .collect()
+}
+
+/// Draws a batch of row indices: `tasks_per_batch` tasks, up to `group_size` samples each.
+fn draw(groups: &[Vec<usize>], opts: &TrainOptions, rng: &mut InitRng) -> Vec<usize> {
+    let usable: Vec<&Vec<usize>> = groups.iter().filter(|g| !g.is_empty()).collect();
+    let mut rows = Vec::new();
+    if usable.is_empty() {
+        return rows;
+    }
+    for _ in 0..opts.tasks_per_batch.max(1) {
+        let g = usable[(rng.next_u64() % usable.len() as u64) as usize];
+        let mut pool = g.to_vec();
+        let take = opts.group_size.max(2).min(pool.len());
+        for k in 0..take {
+            let j = k + (rng.next_u64() % (pool.len() - k) as u64) as usize;
+            pool.swap(k, j);
+        }
+        rows.extend_from_slice(&pool[..take]);
+    }
+    rows
+}
+
+/// One optimisation step on `rows`; returns the loss.
+pub(crate) fn step(
+    model: &mut Model,
+    data: &Dataset,
+    rows: &[usize],
+    loss: Loss,
+    opt: &mut AdamW,
+) -> Result<f64, ModelError> {
+    let b = make_batch(model, data, rows)?;
+    let scores = net::forward(&model.params, &model.info.config, &b.x, &b.mask)?;
+    let l = batch_loss(loss, &scores, &b)?;
+    let value = l.to_scalar::<f32>()? as f64;
+    opt.backward_step(&l)?;
+    model.invalidate();
+    Ok(value)
+}
+
+pub(crate) fn optimizer(
+    model: &Model,
+    trainable: Trainable,
+    lr: f64,
+    weight_decay: f64,
+) -> Result<AdamW, ModelError> {
+    Ok(AdamW::new(
+        trainable_vars(model, trainable),
+        ParamsAdamW {
+            lr,
+            weight_decay,
+            ..ParamsAdamW::default()
+        },
+    )?)
+}
+
+/// Trains `model` on `data`. A model with identity normalisation (fresh) gets its
+/// normalisation fitted on the training tasks; a pretrained one keeps its own (transfer).
+/// Keeps the weights of the best validation epoch.
+pub fn train(
+    model: &mut Model,
+    data: &Dataset,
+    opts: &TrainOptions,
+    on_epoch: &mut dyn FnMut(&EpochReport),
+) -> Result<TrainReport, ModelError> {
+    if data.width != model.info.config.width {
+        return Err(ModelError::Data(format!(
+            "samples have {} columns, the model {}",
+            data.width, model.info.config.width
+        )));
+    }
+    if data.samples.is_empty() {
+        return Err(ModelError::Data("no samples to train on".into()));
+    }
+    let (train_ids, val_ids) = split_tasks(data.tasks.len(), opts.val_fraction, opts.seed);
+    let train_set = data.subset(&train_ids);
+    let val_set = data.subset(&val_ids);
+    if model.info.normalizer == Normalizer::identity(data.width) {
+        model.info.normalizer = Normalizer::fit(&train_set);
+    }
+    let groups = train_set.by_task();
+    let per_step = opts.tasks_per_batch.max(1) * opts.group_size.max(2);
+    let steps = opts
+        .steps_per_epoch
+        .unwrap_or_else(|| train_set.samples.len().div_ceil(per_step).max(16))
+        .max(1);
+    let total_steps = (steps * opts.epochs.max(1)) as f64;
+    let warmup = (opts.warmup * total_steps).max(1.0);
+    let mut opt = optimizer(model, opts.trainable, opts.lr, opts.weight_decay)?;
+    let mut rng = InitRng::new(opts.seed);
+    let mut report = TrainReport {
+        epochs: Vec::new(),
+        best_epoch: 0,
+        train_tasks: train_ids.len(),
+        val_tasks: val_ids.len(),
+    };
+    let mut best: Option<(f64, Vec<Tensor>)> = None;
+    let mut since_best = 0;
+    let mut global = 0usize;
+    for epoch in 1..=opts.epochs.max(1) {
+        let start = Instant::now();
+        let mut loss_sum = 0.0;
+        let mut programs = 0usize;
+        let mut lr = opts.lr;
+        for _ in 0..steps {
+            let progress = global as f64 / total_steps;
+            lr = opts.lr
+                * (global as f64 / warmup).clamp(0.05, 1.0)
+                * 0.5
+                * (1.0 + (std::f64::consts::PI * progress).cos());
+            opt.set_learning_rate(lr);
+            let rows = draw(&groups, opts, &mut rng);
+            loss_sum += step(model, &train_set, &rows, opts.loss, &mut opt)?;
+            programs += rows.len();
+            global += 1;
+        }
+        let elapsed = start.elapsed().as_secs_f64();
+        let val = if val_set.samples.is_empty() {
+            None
+        } else {
+            Some(metrics::evaluate(&rank(model, &val_set)))
+        };
+        let e = EpochReport {
+            epoch,
+            steps,
+            train_loss: loss_sum / steps as f64,
+            lr,
+            val,
+            programs_per_s: programs as f64 / elapsed.max(1e-9),
+        };
+        on_epoch(&e);
+        // Validation criterion: the mean of the top-1 and top-5 scores; without a split,
+        // the last epoch is kept.
+        let criterion = val.map_or(epoch as f64, |m| (m.top1 + m.top5) / 2.0);
+        report.epochs.push(e);
+        if best.as_ref().is_none_or(|(b, _)| criterion > *b) {
+            best = Some((criterion, model.params.snapshot()?));
+            report.best_epoch = epoch;
+            since_best = 0;
+        } else {
+            since_best += 1;
+            if since_best >= opts.patience.max(1) {
+                break;
+            }
+        }
+    }
+    if let Some((_, values)) = best {
+        model.params.restore(&values)?;
+        model.invalidate();
+    }
+    Ok(report)
+}
+
+/// A model's figures beside the references: random scores and ridge regression on pooled
+/// features (fitted on `train`, predicting log relative throughput).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Comparison {
+    pub model: Metrics,
+    pub random: Metrics,
+    pub ridge: Metrics,
+}
+
+pub fn compare(model: &mut Model, train: &Dataset, test: &Dataset, seed: u64) -> Comparison {
+    let ranked = rank(model, test);
+    let x: Vec<Vec<f64>> = train
+        .samples
+        .iter()
+        .map(|s| metrics::pooled(&s.tokens, train.width))
+        .collect();
+    let y: Vec<f64> = (0..train.samples.len())
+        .map(|i| train.label(i).ln())
+        .collect();
+    let ridge = metrics::Ridge::fit(&x, &y, 1.0);
+    let mut ridge_ranked = ranked.clone();
+    for r in ridge_ranked.iter_mut() {
+        r.predicted.clear();
+    }
+    for s in &test.samples {
+        ridge_ranked[s.task]
+            .predicted
+            .push(ridge.predict(&metrics::pooled(&s.tokens, test.width)));
+    }
+    Comparison {
+        model: metrics::evaluate(&ranked),
+        random: metrics::random_baseline(&ranked, 20, seed),
+        ridge: metrics::evaluate(&ridge_ranked),
+    }
+}

@@ -1,0 +1,357 @@
+//! The attention model: gradients reach every variable, the fused inference path equals the
+//! candle forward, a tiny model learns a synthetic ranking, files round-trip and bad files fail.
+
+use candle_core::{Device, Tensor};
+use tessel_model::net::{self, InitRng};
+use tessel_model::train::{Trainable, rank, split_tasks};
+use tessel_model::{
+    Dataset, Loss, Model, ModelConfig, ModelError, Sample, TrainOptions, metrics, train,
+};
+
+const WIDTH: usize = 8;
+
+fn small_config() -> ModelConfig {
+    let mut c = ModelConfig::new(WIDTH);
+    c.d_model = 32;
+    c.d_ff = 64;
+    c.heads = 4;
+    c.layers = 2;
+    c
+}
+
+/// Tasks whose candidates have 3..8 tokens; latency is the exponential of the mean over tokens
+/// of a non-linear function of each token (a per-token cost, pooled), plus a per-task offset
+/// column that does not change the ranking.
+fn synthetic(tasks: usize, per_task: usize, seed: u64) -> Dataset {
+    let mut rng = InitRng::new(seed);
+    let mut samples = Vec::new();
+    for task in 0..tasks {
+        let offset = rng.unit() as f32;
+        for _ in 0..per_task {
+            let n = 3 + (rng.next_u64() % 6) as usize;
+            let mut tokens = Vec::new();
+            let mut cost = 0f64;
+            for _ in 0..n {
+                let token: Vec<f32> = (0..WIDTH)
+                    .map(|j| rng.unit() as f32 + if j == 2 { offset } else { 0.0 })
+                    .collect();
+                let x = |j: usize| token[j] as f64;
+                cost += 2.0 * x(0) + 1.5 * x(1) * x(1) - x(0) * x(3);
+                tokens.extend(token);
+            }
+            let latency = (cost / n as f64).exp() * 1e-3;
+            samples.push(Sample {
+                task,
+                tokens,
+                latency,
+            });
+        }
+    }
+    let keys = (0..tasks).map(|t| (format!("task{t}"), 1.0)).collect();
+    Dataset::new(keys, samples, WIDTH).unwrap()
+}
+
+fn batch(data: &Dataset, rows: &[usize], model: &Model) -> (Tensor, Tensor) {
+    let t_max = rows
+        .iter()
+        .map(|&i| data.samples[i].tokens.len() / WIDTH)
+        .max()
+        .unwrap();
+    let mut x = vec![0f32; rows.len() * t_max * WIDTH];
+    let mut mask = vec![0f32; rows.len() * t_max];
+    let mut buf = Vec::new();
+    for (r, &i) in rows.iter().enumerate() {
+        let s = &data.samples[i];
+        model.info.normalizer.apply(&s.tokens, &mut buf);
+        x[r * t_max * WIDTH..r * t_max * WIDTH + buf.len()].copy_from_slice(&buf);
+        let n = s.tokens.len() / WIDTH;
+        mask[r * t_max..r * t_max + n]
+            .iter_mut()
+            .for_each(|m| *m = 1.0);
+    }
+    (
+        Tensor::from_vec(x, (rows.len(), t_max, WIDTH), &Device::Cpu).unwrap(),
+        Tensor::from_vec(mask, (rows.len(), t_max), &Device::Cpu).unwrap(),
+    )
+}
+
+#[test]
+fn every_variable_receives_a_gradient() {
+    let data = synthetic(2, 8, 1);
+    let model = Model::new(small_config(), 3).unwrap();
+    let rows: Vec<usize> = (0..data.samples.len()).collect();
+    let (x, mask) = batch(&data, &rows, &model);
+    let scores = net::forward(&model.params, model.config(), &x, &mask).unwrap();
+    let loss = scores.sqr().unwrap().sum_all().unwrap();
+    let grads = loss.backward().unwrap();
+    for (name, var) in model.params.names.iter().zip(&model.params.vars) {
+        let g = grads
+            .get(var.as_tensor())
+            .unwrap_or_else(|| panic!("{name} has no gradient"));
+        let norm: f32 = g.sqr().unwrap().sum_all().unwrap().to_scalar().unwrap();
+        assert!(norm > 0.0, "{name} has a zero gradient");
+    }
+}
+
+#[test]
+fn the_fused_inference_path_equals_the_candle_forward() {
+    let data = synthetic(3, 10, 2);
+    let mut model = Model::new(small_config(), 4).unwrap();
+    // Train a little so that weights are not at their initial symmetry.
+    let opts = TrainOptions {
+        epochs: 2,
+        val_fraction: 0.0,
+        ..TrainOptions::default()
+    };
+    train(&mut model, &data, &opts, &mut |_| {}).unwrap();
+    let rows: Vec<usize> = (0..data.samples.len()).collect();
+    let (x, mask) = batch(&data, &rows, &model);
+    let reference: Vec<f32> = net::forward(&model.params, model.config(), &x, &mask)
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let fused = model.predict(
+        &data
+            .samples
+            .iter()
+            .map(|s| &s.tokens[..])
+            .collect::<Vec<_>>(),
+    );
+    for (a, b) in reference.iter().zip(&fused) {
+        assert!((a - b).abs() <= 1e-4 * (1.0 + a.abs()), "{a} vs {b}");
+    }
+}
+
+#[test]
+fn a_tiny_model_learns_a_synthetic_ranking() {
+    let data = synthetic(16, 48, 7);
+    let (train_ids, test_ids) = split_tasks(16, 0.25, 9);
+    let (train_set, test_set) = (data.subset(&train_ids), data.subset(&test_ids));
+    let mut model = Model::new(small_config(), 5).unwrap();
+    let opts = TrainOptions {
+        epochs: 12,
+        lr: 1e-2,
+        steps_per_epoch: Some(20),
+        group_size: 16,
+        val_fraction: 0.2,
+        ..TrainOptions::default()
+    };
+    let report = train(&mut model, &train_set, &opts, &mut |_| {}).unwrap();
+    let ranked = rank(&mut model, &test_set);
+    let m = metrics::evaluate(&ranked);
+    let random = metrics::random_baseline(&ranked, 20, 1);
+    let c = tessel_model::train::compare(&mut model, &train_set, &test_set, 1);
+    assert_eq!(c.model, m);
+    assert!(
+        c.ridge.pairwise_accuracy > c.random.pairwise_accuracy,
+        "{c:?}"
+    );
+    eprintln!("synthetic held-out: {c:?}");
+    assert!(
+        m.top1 > 0.9,
+        "top-1 {:.3} (random {:.3}), epochs {:?}",
+        m.top1,
+        random.top1,
+        report.epochs.iter().map(|e| e.val).collect::<Vec<_>>()
+    );
+    assert!(
+        m.pairwise_accuracy > random.pairwise_accuracy + 0.2,
+        "{m:?}"
+    );
+    assert!(report.epochs.iter().all(|e| e.programs_per_s > 0.0));
+}
+
+#[test]
+fn training_is_reproducible() {
+    let data = synthetic(4, 16, 3);
+    let run = || {
+        let mut model = Model::new(small_config(), 11).unwrap();
+        let opts = TrainOptions {
+            epochs: 2,
+            seed: 5,
+            ..TrainOptions::default()
+        };
+        train(&mut model, &data, &opts, &mut |_| {}).unwrap();
+        model.predict(
+            &data
+                .samples
+                .iter()
+                .map(|s| &s.tokens[..])
+                .collect::<Vec<_>>(),
+        )
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn losses_all_train() {
+    let data = synthetic(6, 24, 4);
+    for loss in [Loss::LambdaRank, Loss::Pairwise, Loss::Mse] {
+        let mut model = Model::new(small_config(), 1).unwrap();
+        let opts = TrainOptions {
+            epochs: 3,
+            loss,
+            val_fraction: 0.0,
+            ..TrainOptions::default()
+        };
+        let r = train(&mut model, &data, &opts, &mut |_| {}).unwrap();
+        assert!(
+            r.epochs.iter().all(|e| e.train_loss.is_finite()),
+            "{loss:?}"
+        );
+    }
+}
+
+#[test]
+fn frozen_backbone_transfer_changes_only_embedding_and_head() {
+    let data = synthetic(4, 16, 8);
+    let mut model = Model::new(small_config(), 2).unwrap();
+    let before = model.params.snapshot().unwrap();
+    let opts = TrainOptions {
+        epochs: 2,
+        trainable: Trainable::HeadAndEmbedding,
+        val_fraction: 0.0,
+        ..TrainOptions::default()
+    };
+    train(&mut model, &data, &opts, &mut |_| {}).unwrap();
+    for ((name, var), old) in model
+        .params
+        .names
+        .iter()
+        .zip(&model.params.vars)
+        .zip(&before)
+    {
+        let same = var
+            .as_tensor()
+            .eq(old)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .min(0)
+            .unwrap()
+            .to_scalar::<u8>()
+            .unwrap()
+            == 1;
+        assert_eq!(same, net::is_backbone(name), "{name}");
+    }
+}
+
+#[test]
+fn save_and_load_round_trip_bit_exactly() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("model-roundtrip");
+    let data = synthetic(3, 8, 6);
+    let mut model = Model::new(small_config(), 9).unwrap();
+    let opts = TrainOptions {
+        epochs: 1,
+        val_fraction: 0.0,
+        ..TrainOptions::default()
+    };
+    train(&mut model, &data, &opts, &mut |_| {}).unwrap();
+    let path = dir.join("m.safetensors");
+    model.save(&path).unwrap();
+    let mut loaded = Model::load(&path).unwrap();
+    assert_eq!(loaded.info.config, model.info.config);
+    assert_eq!(loaded.info.normalizer, model.info.normalizer);
+    let inputs: Vec<&[f32]> = data.samples.iter().map(|s| &s.tokens[..]).collect();
+    let (a, b) = (model.predict(&inputs), loaded.predict(&inputs));
+    assert_eq!(
+        a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn bad_model_files_are_clear_errors() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("model-bad");
+    let model = Model::new(small_config(), 1).unwrap();
+    let path = dir.join("m.safetensors");
+    model.save(&path).unwrap();
+    let (weights, json) = Model::paths(&path);
+
+    // Another feature schema: loads, but refuses features of this one.
+    let text = std::fs::read_to_string(&json).unwrap();
+    let other = text.replace("\"feature_schema\": 1", "\"feature_schema\": 999");
+    std::fs::write(&json, &other).unwrap();
+    let m = Model::load(&path).unwrap();
+    let err = m.check_schema(tessel_features::SCHEMA_VERSION).unwrap_err();
+    assert!(
+        matches!(err, ModelError::Schema { model: 999, .. }),
+        "{err}"
+    );
+    std::fs::write(&json, &text).unwrap();
+
+    // A truncated weights file.
+    let bytes = std::fs::read(&weights).unwrap();
+    std::fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
+    let err = Model::load(&path).err().unwrap();
+    assert!(matches!(err, ModelError::Format { .. }), "{err}");
+    assert!(err.to_string().contains("m.safetensors"), "{err}");
+
+    // Weights of another architecture.
+    let mut wide = small_config();
+    wide.d_model = 64;
+    Model::new(wide, 1).unwrap().save(&path).unwrap();
+    std::fs::write(&json, &text).unwrap();
+    let err = Model::load(&path).err().unwrap();
+    assert!(matches!(err, ModelError::Shape { .. }), "{err}");
+
+    // Garbage JSON and a missing file.
+    std::fs::write(&json, "{not json").unwrap();
+    assert!(matches!(Model::load(&path), Err(ModelError::Format { .. })));
+    assert!(matches!(
+        Model::load(&dir.join("absent.safetensors")),
+        Err(ModelError::Io { .. })
+    ));
+}
+
+#[test]
+fn the_cost_model_scores_programs_and_learns_online() {
+    use std::collections::BTreeMap;
+    use tessel_features::{Target, WIDTH as FEATURES};
+    use tessel_measure::{CostModel, Measurement, Timing};
+    use tessel_model::ModelCostModel;
+    use tessel_model::cost::OnlineOptions;
+    use tessel_search::rng::Rng;
+    use tessel_search::{InstructionSet, Space};
+
+    let op = "gemm:m=64,n=64,k=64,dtype=f32"
+        .parse::<tessel_ir::Workload>()
+        .unwrap()
+        .to_op();
+    let space = Space::new(&op, &InstructionSet::Only(vec!["avx2.vfmadd231ps".into()]));
+    let mut rng = Rng::new(1);
+    let programs: Vec<tessel_ir::Program> = (0..12)
+        .filter_map(|_| space.lower(&space.sample(&mut rng)).ok().map(|(_, p)| p))
+        .collect();
+    let refs: Vec<&tessel_ir::Program> = programs.iter().collect();
+    let target = Target::cpu(
+        "t",
+        &["avx2".into(), "fma".into()],
+        1,
+        &BTreeMap::new(),
+        None,
+    );
+    let mut config = ModelConfig::new(FEATURES);
+    config.d_model = 16;
+    config.heads = 2;
+    config.d_ff = 32;
+    let model = Model::new(config, 1).unwrap();
+    let mut cm = ModelCostModel::new(model, target, "test", OnlineOptions::default());
+    let before = cm.predict(&refs);
+    assert_eq!(before.len(), refs.len());
+    assert!(before.iter().all(|s| s.is_finite()));
+    let results: Vec<_> = (0..refs.len())
+        .map(|i| {
+            Ok(Measurement {
+                timing: Timing::from_samples(&[1e-3 * (1.0 + i as f64)]).unwrap(),
+                compile_time_s: 0.1,
+                max_error: 0.0,
+                emulated: false,
+                gflops: 1.0,
+            })
+        })
+        .collect();
+    cm.update(&refs, &results);
+    let after = cm.predict(&refs);
+    assert_ne!(before, after, "online steps change the scores");
+}
