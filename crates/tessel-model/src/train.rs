@@ -455,3 +455,19 @@ pub fn compare(model: &mut Model, train: &Dataset, test: &Dataset, seed: u64) ->
         ridge: metrics::evaluate(&ridge_ranked),
     }
 }
+
+/// Options for fine-tuning a pretrained model on a few records of a new platform or workload:
+/// every weight at a tenth of the pretraining rate, or (`HeadAndEmbedding`) the attention
+/// backbone frozen and the embedding and head retrained at the full rate. The model keeps the
+/// normalisation it was pretrained with.
+pub fn transfer_options(trainable: Trainable, pretrain: &TrainOptions) -> TrainOptions {
+    TrainOptions {
+        lr: match trainable {
+            Trainable::All => pretrain.lr * 0.1,
+            Trainable::HeadAndEmbedding => pretrain.lr,
+        },
+        warmup: 0.0,
+        trainable,
+        ..pretrain.clone()
+    }
+}

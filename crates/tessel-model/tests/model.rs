@@ -355,3 +355,63 @@ fn the_cost_model_scores_programs_and_learns_online() {
     let after = cm.predict(&refs);
     assert_ne!(before, after, "online steps change the scores");
 }
+
+#[test]
+fn transfer_to_a_shifted_platform_beats_training_from_scratch_on_few_records() {
+    // Platform B: same tasks shape, every column shifted; 8 records per task.
+    let a = synthetic(12, 48, 21);
+    let mut b = synthetic(6, 48, 22);
+    for s in b.samples.iter_mut() {
+        s.tokens.iter_mut().for_each(|v| *v += 0.1);
+    }
+    let (few_ids, test_ids) = split_tasks(6, 0.5, 3);
+    let test = b.subset(&test_ids);
+    let few = {
+        let d = b.subset(&few_ids);
+        let keep: Vec<Sample> = d
+            .by_task()
+            .iter()
+            .flat_map(|g| g.iter().take(8))
+            .map(|&i| d.samples[i].clone())
+            .collect();
+        Dataset::new(d.tasks.clone(), keep, WIDTH).unwrap()
+    };
+    let pre = TrainOptions {
+        epochs: 10,
+        lr: 1e-2,
+        steps_per_epoch: Some(20),
+        group_size: 16,
+        val_fraction: 0.0,
+        ..TrainOptions::default()
+    };
+    let mut pretrained = Model::new(small_config(), 1).unwrap();
+    train(&mut pretrained, &a, &pre, &mut |_| {}).unwrap();
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("transfer/a.safetensors");
+    pretrained.save(&path).unwrap();
+    let mut tuned = Model::load(&path).unwrap();
+    let opts = tessel_model::train::transfer_options(
+        Trainable::All,
+        &TrainOptions {
+            epochs: 5,
+            ..pre.clone()
+        },
+    );
+    train(&mut tuned, &few, &opts, &mut |_| {}).unwrap();
+    let mut scratch = Model::new(small_config(), 1).unwrap();
+    train(
+        &mut scratch,
+        &few,
+        &TrainOptions {
+            epochs: 5,
+            ..pre.clone()
+        },
+        &mut |_| {},
+    )
+    .unwrap();
+    let t = metrics::evaluate(&rank(&mut tuned, &test));
+    let s = metrics::evaluate(&rank(&mut scratch, &test));
+    assert!(
+        t.pairwise_accuracy > s.pairwise_accuracy,
+        "transfer {t:?} scratch {s:?}"
+    );
+}
