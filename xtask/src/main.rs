@@ -1,6 +1,7 @@
 //! `cargo xtask`: tessel's pipelines: `workloads`, `intrinsics`, `match`, `measure`, `bench cpu`.
 
 mod cpu;
+mod data;
 mod features;
 mod tune;
 
@@ -154,6 +155,105 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Samples schedules of every task (the whole space, not only good ones), measures them
+    /// on this CPU and appends the records to --out (a rerun resumes).
+    Dataset {
+        #[arg(long, default_value = "cpu")]
+        target: String,
+        /// Networks, comma separated (`cargo xtask workloads`).
+        #[arg(long, value_delimiter = ',', conflicts_with = "workload")]
+        network: Vec<String>,
+        #[arg(long)]
+        workload: Option<String>,
+        /// Schedules per task.
+        #[arg(long, default_value_t = 200)]
+        per_task: usize,
+        #[arg(long)]
+        out: PathBuf,
+        /// This machine's part `I/N` of the tasks (0-based), for Slurm arrays or indexed jobs.
+        #[arg(long)]
+        shard: Option<String>,
+        /// amx-bf16, amx-int8, avx512-vnni, avx512-bf16, avx512-fma, avx2-fma or scalar
+        /// (default: the best this CPU has).
+        #[arg(long)]
+        platform: Option<String>,
+        #[arg(long, default_value_t = 1)]
+        batch: u64,
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Only the first N tasks (after de-duplication, before sharding).
+        #[arg(long)]
+        max_tasks: Option<usize>,
+    },
+    /// Joins dataset shards into one file, each candidate once.
+    Merge {
+        #[arg(long)]
+        out: PathBuf,
+        /// Shard files.
+        inputs: Vec<PathBuf>,
+    },
+    /// Trains a model on measured records.
+    Pretrain {
+        /// Dataset files (records).
+        #[arg(long, num_args = 1.., required = true)]
+        data: Vec<PathBuf>,
+        /// Model path (writes NAME.safetensors and NAME.json).
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 30)]
+        epochs: usize,
+        /// lambdarank, pairwise or mse.
+        #[arg(long, default_value = "lambdarank")]
+        loss: String,
+        #[arg(long, default_value_t = 3e-3)]
+        lr: f64,
+        /// Share of tasks held out for validation and early stopping.
+        #[arg(long, default_value_t = 0.2)]
+        val_fraction: f64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, default_value_t = 48)]
+        d_model: usize,
+        #[arg(long, default_value_t = 3)]
+        heads: usize,
+        #[arg(long, default_value_t = 2)]
+        layers: usize,
+    },
+    /// Fine-tunes a model on K records of new data; reports before, after and from scratch.
+    Transfer {
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long, num_args = 1.., required = true)]
+        data: Vec<PathBuf>,
+        /// Records to fine-tune on.
+        #[arg(long)]
+        shots: usize,
+        #[arg(long)]
+        out: PathBuf,
+        /// `all` (every weight, a tenth of the rate) or `head` (backbone frozen).
+        #[arg(long, default_value = "all")]
+        mode: String,
+        #[arg(long, default_value_t = 10)]
+        epochs: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A model's ranking quality on measured records, beside ridge regression and random.
+    Eval {
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long, num_args = 1.., required = true)]
+        data: Vec<PathBuf>,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// One JSON object on the last line (top1, top5, pairwise_accuracy, kendall_tau, ...).
+        #[arg(long)]
+        json: bool,
+    },
     /// The CPU measurement worker (started by the tuner itself).
     #[command(hide = true)]
     CpuWorker,
@@ -250,6 +350,86 @@ fn run(cli: Cli) -> Result<()> {
             json,
         })?,
         Command::Best { log, emit, json } => tune::best(&log, emit.as_deref(), json)?,
+        Command::Dataset {
+            target,
+            network,
+            workload,
+            per_task,
+            out,
+            shard,
+            platform,
+            batch,
+            threads,
+            seed,
+            max_tasks,
+        } => {
+            if target != "cpu" {
+                anyhow::bail!(
+                    "--target `{target}`: datasets are measured on `cpu` for now (GPU targets arrive with tessel-gpu)"
+                );
+            }
+            data::dataset(data::DatasetArgs {
+                networks: network,
+                workload,
+                per_task,
+                out,
+                shard,
+                platform,
+                batch,
+                threads,
+                seed,
+                max_tasks,
+            })?
+        }
+        Command::Merge { out, inputs } => data::merge(&out, &inputs)?,
+        Command::Pretrain {
+            data,
+            out,
+            epochs,
+            loss,
+            lr,
+            val_fraction,
+            seed,
+            d_model,
+            heads,
+            layers,
+        } => data::pretrain(data::PretrainArgs {
+            data,
+            out,
+            epochs,
+            loss,
+            lr,
+            val_fraction,
+            seed,
+            d_model,
+            heads,
+            layers,
+        })?,
+        Command::Transfer {
+            model,
+            data,
+            shots,
+            out,
+            mode,
+            epochs,
+            seed,
+            json,
+        } => data::transfer(data::TransferArgs {
+            model,
+            data,
+            shots,
+            out,
+            mode,
+            epochs,
+            seed,
+            json,
+        })?,
+        Command::Eval {
+            model,
+            data,
+            seed,
+            json,
+        } => data::eval(&model, &data, seed, json)?,
         Command::Features {
             workload,
             trace,
