@@ -103,7 +103,7 @@ enum Command {
         #[arg(long, default_value_t = 64)]
         trials: usize,
         /// Cost model: a model file from `cargo xtask pretrain` (its `.safetensors` or `.json`),
-        /// or `none` for the random ranking (the default until a pretrained model ships).
+        /// or `none` for the random ranking (default: the shipped model in fixtures/models).
         #[arg(long)]
         model: Option<String>,
         /// Tuning log (JSON Lines).

@@ -77,7 +77,9 @@ pub fn tune(a: TuneArgs) -> Result<()> {
     }
     // Load the model before anything slow, so a bad file fails at once.
     let learned = match a.model.as_deref() {
-        None | Some("none") | Some("random") => None,
+        Some("none") | Some("random") => None,
+        // The shipped model, where this checkout has one of this feature schema.
+        None => shipped_model(),
         Some(path) => {
             let model = tessel_model::Model::load(Path::new(path))
                 .with_context(|| format!("--model {path}"))?;
@@ -301,6 +303,30 @@ pub fn tune(a: TuneArgs) -> Result<()> {
         println!("{}", serde_json::to_string(&report)?);
     }
     Ok(())
+}
+
+/// The pretrained model in `fixtures/models/` (see fixtures/README.md), if present and of
+/// this feature schema; otherwise the random cost model is used, with a note.
+fn shipped_model() -> Option<(String, tessel_model::Model)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/cpu.safetensors");
+    if !path.exists() {
+        return None;
+    }
+    match tessel_model::Model::load(&path) {
+        Ok(m) if m.check_schema(tessel_features::SCHEMA_VERSION).is_ok() => {
+            Some(("fixtures/models/cpu".to_string(), m))
+        }
+        Ok(_) => {
+            eprintln!(
+                "note: the shipped model has another feature schema; using the random cost model"
+            );
+            None
+        }
+        Err(e) => {
+            eprintln!("note: the shipped model did not load ({e}); using the random cost model");
+            None
+        }
+    }
 }
 
 /// `cargo xtask best`: the best record per workload, and optionally its code.

@@ -74,7 +74,8 @@ pub struct LogContents {
     pub corrupt: Vec<CorruptLine>,
 }
 
-/// Reads every record of `path`; a missing file is an empty log.
+/// Reads every record of `path` (gzip-compressed where the name ends in `.gz`, as the
+/// committed datasets are); a missing file is an empty log.
 pub fn read_log(path: &Path) -> Result<LogContents, SearchError> {
     let io = |source| SearchError::Log {
         path: path.to_path_buf(),
@@ -85,8 +86,13 @@ pub fn read_log(path: &Path) -> Result<LogContents, SearchError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(LogContents::default()),
         Err(e) => return Err(io(e)),
     };
+    let reader: Box<dyn std::io::Read> = if path.extension().is_some_and(|e| e == "gz") {
+        Box::new(flate2::read::GzDecoder::new(file))
+    } else {
+        Box::new(file)
+    };
     let mut out = LogContents::default();
-    for (i, line) in BufReader::new(file).split(b'\n').enumerate() {
+    for (i, line) in BufReader::new(reader).split(b'\n').enumerate() {
         let line = line.map_err(io)?;
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
@@ -119,6 +125,12 @@ impl RecordLog {
             path: path.to_path_buf(),
             source,
         };
+        if path.extension().is_some_and(|e| e == "gz") {
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "a compressed log is read-only: append to a plain .jsonl file",
+            )));
+        }
         if let Some(dir) = path.parent()
             && !dir.as_os_str().is_empty()
         {

@@ -251,6 +251,16 @@ fn a_rerun_resumes_from_the_log_and_measures_nothing_twice() {
     }
     let after = read_log(&path).unwrap();
     assert_eq!(after.records.len(), 40);
+    // The same log gzip-compressed (as committed datasets are) reads the same; it is
+    // read-only.
+    let gz = dir.join("log.jsonl.gz");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    std::io::Write::write_all(&mut enc, std::fs::read(&path).unwrap().as_slice()).unwrap();
+    std::fs::write(&gz, enc.finish().unwrap()).unwrap();
+    let unzipped = read_log(&gz).unwrap();
+    assert_eq!(unzipped.records, after.records);
+    assert_eq!(unzipped.corrupt, after.corrupt);
+    assert!(RecordLog::open(&gz).is_err());
     assert_eq!(
         after.corrupt.len(),
         1,
