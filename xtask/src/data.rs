@@ -12,13 +12,16 @@ use tessel_features::{Target, WIDTH, extract};
 use tessel_intrin::{Catalog, HostCpu, Support};
 use tessel_ir::{DType, Workload, network};
 use tessel_measure::{Candidate, Measurer};
-use tessel_model::train::{Comparison, Trainable, compare, split_tasks, transfer_options};
+use tessel_model::train::{
+    Comparison, Trainable, compare, rank, ridge_rank, split_tasks, transfer_options,
+};
 use tessel_model::{Dataset, Loss, Model, ModelConfig, Sample, TrainOptions, train};
+use tessel_model::{Ranked, metrics};
 use tessel_search::records::{TESSEL_VERSION, now};
 use tessel_search::rng::Rng;
 use tessel_search::{InstructionSet, RecordLog, Space, TuningRecord, read_log};
 
-use crate::cpu;
+use crate::{cpu, plot};
 
 /// A measurement platform: the instructions a dataset may use and its element type.
 pub struct Platform {
@@ -632,35 +635,74 @@ struct EvalReport {
 }
 
 /// `cargo xtask eval`: the model's ranking of every task of the data, beside ridge (fitted
-/// on the other half of the tasks, both ways) and random scores.
-pub fn eval(model_path: &Path, data_files: &[PathBuf], seed: u64, json: bool) -> Result<()> {
+/// on the other half of the tasks, both ways, so it never sees the tasks it ranks) and random
+/// scores; with `plot`, SVG figures in that directory.
+pub fn eval(
+    model_path: &Path,
+    data_files: &[PathBuf],
+    seed: u64,
+    plot: Option<&Path>,
+    json: bool,
+) -> Result<()> {
     let mut model =
         Model::load(model_path).with_context(|| format!("--model {}", model_path.display()))?;
     model.check_schema(tessel_features::SCHEMA_VERSION)?;
     let data = load(data_files)?;
-    let all: Vec<usize> = (0..data.tasks.len()).collect();
-    let whole = data.subset(&all);
+    let ranked = rank(&mut model, &data);
     let (a, b) = split_tasks(data.tasks.len(), 0.5, seed);
-    let c = compare(&mut model, &whole, &whole, seed);
-    // Ridge must not see the tasks it ranks: fit on one half, rank the other, and back.
-    let ridge = if a.is_empty() || b.is_empty() {
-        c.ridge
+    let ridge_ranked: Vec<Ranked> = if a.is_empty() || b.is_empty() {
+        ridge_rank(&data, &data)
     } else {
         let (da, db) = (data.subset(&a), data.subset(&b));
-        let (x, y) = (
-            compare(&mut model, &da, &db, seed),
-            compare(&mut model, &db, &da, seed),
-        );
-        let (na, nb) = (b.len() as f64, a.len() as f64);
-        let mix = |p: f64, q: f64| (p * na + q * nb) / (na + nb);
-        tessel_model::Metrics {
-            top1: mix(x.ridge.top1, y.ridge.top1),
-            top5: mix(x.ridge.top5, y.ridge.top5),
-            pairwise_accuracy: mix(x.ridge.pairwise_accuracy, y.ridge.pairwise_accuracy),
-            kendall_tau: mix(x.ridge.kendall_tau, y.ridge.kendall_tau),
+        let (on_b, on_a) = (ridge_rank(&da, &db), ridge_rank(&db, &da));
+        let mut out = ranked.clone();
+        for (i, &t) in b.iter().enumerate() {
+            out[t] = on_b[i].clone();
         }
+        for (i, &t) in a.iter().enumerate() {
+            out[t] = on_a[i].clone();
+        }
+        out
     };
-    let c = Comparison { ridge, ..c };
+    let c = Comparison {
+        model: metrics::evaluate(&ranked),
+        ridge: metrics::evaluate(&ridge_ranked),
+        random: metrics::random_baseline(&ranked, 20, seed),
+    };
+    if let Some(dir) = plot {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let named: Vec<(String, Ranked)> = data
+            .tasks
+            .iter()
+            .map(|(k, _)| k.clone())
+            .zip(ranked.iter().cloned())
+            .collect();
+        plot::scatter(&dir.join("predicted_vs_measured.svg"), &named)?;
+        let mut rng = Rng::new(seed);
+        let random: Vec<Ranked> = ranked
+            .iter()
+            .map(|t| Ranked {
+                predicted: t.latency.iter().map(|_| rng.unit()).collect(),
+                ..t.clone()
+            })
+            .collect();
+        plot::top_k(
+            &dir.join("top_k.svg"),
+            &[
+                ("model", &ranked),
+                ("ridge", &ridge_ranked),
+                ("random", &random),
+            ],
+        )?;
+        let svgs = [dir.join("predicted_vs_measured.svg"), dir.join("top_k.svg")];
+        let png = plot::png_copies(&[&svgs[0], &svgs[1]]);
+        if !json {
+            match png {
+                Ok(()) => println!("plots (SVG and PNG) in {}", dir.display()),
+                Err(why) => println!("plots (SVG) in {}; no PNG: {why}", dir.display()),
+            }
+        }
+    }
     if json {
         let r = EvalReport {
             model: model_path.display().to_string(),

@@ -3,6 +3,7 @@
 mod cpu;
 mod data;
 mod features;
+mod plot;
 mod tune;
 
 use std::path::PathBuf;
@@ -250,6 +251,10 @@ enum Command {
         data: Vec<PathBuf>,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Write plots (predicted vs measured per task, top-k curves) into this directory: SVG,
+        /// and PNG where rsvg-convert is installed.
+        #[arg(long)]
+        plot: Option<PathBuf>,
         /// One JSON object on the last line (top1, top5, pairwise_accuracy, kendall_tau, ...).
         #[arg(long)]
         json: bool,
@@ -428,8 +433,9 @@ fn run(cli: Cli) -> Result<()> {
             model,
             data,
             seed,
+            plot,
             json,
-        } => data::eval(&model, &data, seed, json)?,
+        } => data::eval(&model, &data, seed, plot.as_deref(), json)?,
         Command::Features {
             workload,
             trace,

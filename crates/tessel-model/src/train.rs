@@ -431,6 +431,16 @@ pub struct Comparison {
 
 pub fn compare(model: &mut Model, train: &Dataset, test: &Dataset, seed: u64) -> Comparison {
     let ranked = rank(model, test);
+    Comparison {
+        model: metrics::evaluate(&ranked),
+        random: metrics::random_baseline(&ranked, 20, seed),
+        ridge: metrics::evaluate(&ridge_rank(train, test)),
+    }
+}
+
+/// Rankings of every task of `test` by ridge regression on pooled features, fitted on `train`
+/// to predict log relative throughput.
+pub fn ridge_rank(train: &Dataset, test: &Dataset) -> Vec<Ranked> {
     let x: Vec<Vec<f64>> = train
         .samples
         .iter()
@@ -440,20 +450,22 @@ pub fn compare(model: &mut Model, train: &Dataset, test: &Dataset, seed: u64) ->
         .map(|i| train.label(i).ln())
         .collect();
     let ridge = metrics::Ridge::fit(&x, &y, 1.0);
-    let mut ridge_ranked = ranked.clone();
-    for r in ridge_ranked.iter_mut() {
-        r.predicted.clear();
-    }
+    let mut out: Vec<Ranked> = test
+        .tasks
+        .iter()
+        .map(|(_, w)| Ranked {
+            weight: *w,
+            predicted: Vec::new(),
+            latency: Vec::new(),
+        })
+        .collect();
     for s in &test.samples {
-        ridge_ranked[s.task]
+        out[s.task]
             .predicted
             .push(ridge.predict(&metrics::pooled(&s.tokens, test.width)));
+        out[s.task].latency.push(s.latency);
     }
-    Comparison {
-        model: metrics::evaluate(&ranked),
-        random: metrics::random_baseline(&ranked, 20, seed),
-        ridge: metrics::evaluate(&ridge_ranked),
-    }
+    out
 }
 
 /// Options for fine-tuning a pretrained model on a few records of a new platform or workload:
