@@ -346,9 +346,30 @@ fn strict_read(path: &Path) -> Result<Vec<TuningRecord>> {
     Ok(contents.records)
 }
 
-/// Records -> samples: successful, non-emulated records, lowered and featurised on the machine
-/// that measured them. A task is a workload on one target and machine.
-pub fn load(files: &[PathBuf]) -> Result<Dataset> {
+/// The workload specs of these networks (batch 1, every element type), to select records.
+pub fn network_filter(names: &[String]) -> Result<Option<HashSet<String>>> {
+    if names.is_empty() {
+        return Ok(None);
+    }
+    let mut specs = HashSet::new();
+    for name in names {
+        for dtype in DType::ALL {
+            if let Ok(net) = network(name, 1, dtype) {
+                specs.extend(net.tasks().into_iter().map(|t| t.workload.to_string()));
+            }
+        }
+        if specs.is_empty() {
+            // Let the network lookup name the problem.
+            network(name, 1, DType::F32)?;
+        }
+    }
+    Ok(Some(specs))
+}
+
+/// Records -> samples: successful, non-emulated records (of the `only` workloads, where
+/// given), lowered and featurised on the machine that measured them. A task is a workload on
+/// one target and machine.
+pub fn load(files: &[PathBuf], only: Option<&HashSet<String>>) -> Result<Dataset> {
     let catalog = Catalog::default();
     let mut tasks: BTreeMap<String, usize> = BTreeMap::new();
     let mut samples = Vec::new();
@@ -357,6 +378,9 @@ pub fn load(files: &[PathBuf]) -> Result<Dataset> {
         for (i, r) in strict_read(path)?.into_iter().enumerate() {
             let Ok(m) = &r.result else { continue };
             if m.emulated || m.timing.median_s <= 0.0 {
+                continue;
+            }
+            if only.is_some_and(|o| !o.contains(&r.workload)) {
                 continue;
             }
             let at = || format!("{} record {}", path.display(), i + 1);
@@ -422,8 +446,13 @@ fn print_comparison(label: &str, c: &Comparison) {
     }
 }
 
+/// The committed datasets (fixtures/README.md) and the networks the shipped model never saw.
+pub const SHIPPED_DATASETS: &[&str] = &["cpu-avx2-fma.jsonl.gz", "cpu-scalar.jsonl.gz"];
+pub const HELD_OUT_NETWORKS: &[&str] = &["vit-b16"];
+
 pub struct PretrainArgs {
     pub data: Vec<PathBuf>,
+    pub networks: Vec<String>,
     pub out: PathBuf,
     pub epochs: usize,
     pub loss: String,
@@ -438,7 +467,7 @@ pub struct PretrainArgs {
 /// `cargo xtask pretrain`.
 pub fn pretrain(a: PretrainArgs) -> Result<()> {
     let loss: Loss = a.loss.parse().map_err(anyhow::Error::msg)?;
-    let data = load(&a.data)?;
+    let data = load(&a.data, network_filter(&a.networks)?.as_ref())?;
     let mut config = ModelConfig::new(WIDTH);
     config.d_model = a.d_model;
     config.heads = a.heads;
@@ -516,6 +545,7 @@ pub fn pretrain(a: PretrainArgs) -> Result<()> {
 pub struct TransferArgs {
     pub model: PathBuf,
     pub data: Vec<PathBuf>,
+    pub networks: Vec<String>,
     pub shots: usize,
     pub out: PathBuf,
     pub mode: String,
@@ -544,7 +574,7 @@ pub fn transfer(a: TransferArgs) -> Result<()> {
     let mut model =
         Model::load(&a.model).with_context(|| format!("--model {}", a.model.display()))?;
     model.check_schema(tessel_features::SCHEMA_VERSION)?;
-    let data = load(&a.data)?;
+    let data = load(&a.data, network_filter(&a.networks)?.as_ref())?;
     let (shots, test) = few_shot_split(&data, a.shots, a.seed)?;
     let pre = TrainOptions {
         epochs: a.epochs,
@@ -638,16 +668,36 @@ struct EvalReport {
 /// on the other half of the tasks, both ways, so it never sees the tasks it ranks) and random
 /// scores; with `plot`, SVG figures in that directory.
 pub fn eval(
-    model_path: &Path,
+    model_path: Option<&Path>,
     data_files: &[PathBuf],
+    networks: &[String],
     seed: u64,
     plot: Option<&Path>,
     json: bool,
 ) -> Result<()> {
+    // Defaults: the shipped model on the shipped data's held-out networks.
+    let shipped = || Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
+    let model_path = match model_path {
+        Some(p) => p.to_path_buf(),
+        None => shipped().join("models/cpu.safetensors"),
+    };
+    let (data_files, networks) = if data_files.is_empty() {
+        let dir = shipped().join("datasets");
+        let files: Vec<PathBuf> = SHIPPED_DATASETS.iter().map(|f| dir.join(f)).collect();
+        let nets = if networks.is_empty() {
+            HELD_OUT_NETWORKS.iter().map(|s| s.to_string()).collect()
+        } else {
+            networks.to_vec()
+        };
+        (files, nets)
+    } else {
+        (data_files.to_vec(), networks.to_vec())
+    };
+    let model_path = model_path.as_path();
     let mut model =
         Model::load(model_path).with_context(|| format!("--model {}", model_path.display()))?;
     model.check_schema(tessel_features::SCHEMA_VERSION)?;
-    let data = load(data_files)?;
+    let data = load(&data_files, network_filter(&networks)?.as_ref())?;
     let ranked = rank(&mut model, &data);
     let (a, b) = split_tasks(data.tasks.len(), 0.5, seed);
     let ridge_ranked: Vec<Ranked> = if a.is_empty() || b.is_empty() {

@@ -197,9 +197,12 @@ enum Command {
     },
     /// Trains a model on measured records.
     Pretrain {
-        /// Dataset files (records).
+        /// Dataset files (records; `.jsonl` or `.jsonl.gz`).
         #[arg(long, num_args = 1.., required = true)]
         data: Vec<PathBuf>,
+        /// Only the tasks of these networks, comma separated.
+        #[arg(long, value_delimiter = ',')]
+        network: Vec<String>,
         /// Model path (writes NAME.safetensors and NAME.json).
         #[arg(long)]
         out: PathBuf,
@@ -228,6 +231,9 @@ enum Command {
         model: PathBuf,
         #[arg(long, num_args = 1.., required = true)]
         data: Vec<PathBuf>,
+        /// Only the tasks of these networks, comma separated.
+        #[arg(long, value_delimiter = ',')]
+        network: Vec<String>,
         /// Records to fine-tune on.
         #[arg(long)]
         shots: usize,
@@ -244,11 +250,17 @@ enum Command {
         json: bool,
     },
     /// A model's ranking quality on measured records, beside ridge regression and random.
+    /// Without --model and --data: the shipped model on the shipped held-out tasks.
     Eval {
+        /// Default: fixtures/models/cpu.
         #[arg(long)]
-        model: PathBuf,
-        #[arg(long, num_args = 1.., required = true)]
+        model: Option<PathBuf>,
+        /// Default: the datasets in fixtures/datasets, held-out networks only.
+        #[arg(long, num_args = 1..)]
         data: Vec<PathBuf>,
+        /// Only the tasks of these networks, comma separated.
+        #[arg(long, value_delimiter = ',')]
+        network: Vec<String>,
         #[arg(long, default_value_t = 1)]
         seed: u64,
         /// Write plots (predicted vs measured per task, top-k curves) into this directory: SVG,
@@ -389,6 +401,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Merge { out, inputs } => data::merge(&out, &inputs)?,
         Command::Pretrain {
             data,
+            network,
             out,
             epochs,
             loss,
@@ -400,6 +413,7 @@ fn run(cli: Cli) -> Result<()> {
             layers,
         } => data::pretrain(data::PretrainArgs {
             data,
+            networks: network,
             out,
             epochs,
             loss,
@@ -413,6 +427,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Transfer {
             model,
             data,
+            network,
             shots,
             out,
             mode,
@@ -422,6 +437,7 @@ fn run(cli: Cli) -> Result<()> {
         } => data::transfer(data::TransferArgs {
             model,
             data,
+            networks: network,
             shots,
             out,
             mode,
@@ -432,10 +448,18 @@ fn run(cli: Cli) -> Result<()> {
         Command::Eval {
             model,
             data,
+            network,
             seed,
             plot,
             json,
-        } => data::eval(&model, &data, seed, plot.as_deref(), json)?,
+        } => data::eval(
+            model.as_deref(),
+            &data,
+            &network,
+            seed,
+            plot.as_deref(),
+            json,
+        )?,
         Command::Features {
             workload,
             trace,

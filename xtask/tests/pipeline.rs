@@ -117,7 +117,18 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
         assert!((-1.0..=1.0).contains(&v), "{key} = {v}");
     }
     assert_eq!(report["tasks"], 2);
-    run(&["eval", "--model", "m/model", "--data", "all.jsonl", "--plot", "plots"], &dir);
+    run(
+        &[
+            "eval",
+            "--model",
+            "m/model",
+            "--data",
+            "all.jsonl",
+            "--plot",
+            "plots",
+        ],
+        &dir,
+    );
     for f in ["predicted_vs_measured.svg", "top_k.svg"] {
         let svg = std::fs::read_to_string(dir.join("plots").join(f)).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("<circle") || svg.contains("<polyline"));
