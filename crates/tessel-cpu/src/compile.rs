@@ -31,7 +31,12 @@ pub struct Compiler {
     cc: String,
     version: String,
     cache_dir: PathBuf,
+    timeout: Duration,
 }
+
+/// How long one compilation may take before it is killed: gcc -O3 can spend many minutes on
+/// a heavily unrolled kernel, and the tuner must not stall on it.
+pub const DEFAULT_COMPILE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The `-m` flag that enables a CPU feature (as [`tessel_intrin::HostCpu`] names it).
 fn feature_flag(feature: &str) -> Option<&'static str> {
@@ -77,7 +82,14 @@ impl Compiler {
             cc,
             version,
             cache_dir,
+            timeout: DEFAULT_COMPILE_TIMEOUT,
         })
+    }
+
+    /// Sets the compile timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// `$TESSEL_CACHE_DIR`, else `tessel-cpu-cache` in the system's temporary directory.
@@ -150,21 +162,52 @@ impl Compiler {
             .cache_dir
             .join(format!("tsl-{key}.{}.tmp.so", std::process::id()));
         let start = Instant::now();
-        let out = Command::new(&self.cc)
-            .args(&flags)
+        let err_path = self
+            .cache_dir
+            .join(format!("tsl-{key}.{}.stderr", std::process::id()));
+        let err_file = std::fs::File::create(&err_path).map_err(io(&err_path))?;
+        let mut cmd = Command::new(&self.cc);
+        cmd.args(&flags)
             .arg(&c)
             .arg("-o")
             .arg(&tmp)
             .arg("-lm")
-            .output()
-            .map_err(|source| CompileError::Spawn {
-                cc: self.cc.clone(),
-                source,
-            })?;
+            .stdout(std::process::Stdio::null())
+            .stderr(err_file);
+        // Its own process group, so a timeout kills cc1 and the assembler with the driver.
+        #[cfg(unix)]
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let mut child = cmd.spawn().map_err(|source| CompileError::Spawn {
+            cc: self.cc.clone(),
+            source,
+        })?;
+        let status = loop {
+            match child.try_wait().map_err(io(&c))? {
+                Some(status) => break status,
+                None if start.elapsed() > self.timeout => {
+                    #[cfg(unix)]
+                    // SAFETY: signalling the process group we created for this compiler.
+                    unsafe {
+                        libc::kill(-(child.id() as i32), libc::SIGKILL);
+                    }
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    let _ = std::fs::remove_file(&tmp);
+                    let _ = std::fs::remove_file(&err_path);
+                    return Err(CompileError::Timeout {
+                        path: c,
+                        seconds: self.timeout.as_secs_f64(),
+                    });
+                }
+                None => std::thread::sleep(Duration::from_millis(5)),
+            }
+        };
         let compile_time = start.elapsed();
-        if !out.status.success() {
+        let stderr = std::fs::read(&err_path).unwrap_or_default();
+        let _ = std::fs::remove_file(&err_path);
+        if !status.success() {
             let _ = std::fs::remove_file(&tmp);
-            let stderr = String::from_utf8_lossy(&out.stderr);
+            let stderr = String::from_utf8_lossy(&stderr);
             // The first errors say what is wrong; thousands of lines do not help.
             let short: String = stderr.lines().take(40).collect::<Vec<_>>().join("\n");
             return Err(CompileError::Rejected {
@@ -193,4 +236,32 @@ pub fn content_key(parts: &[&str]) -> String {
         out.push_str(&format!("{:016x}", h.finish()));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_compile_past_its_timeout_is_killed_and_reported() {
+        let dir =
+            std::env::temp_dir().join(format!("tessel-compile-timeout-{}", std::process::id()));
+        let cc = Compiler::new(&dir)
+            .unwrap()
+            .with_timeout(Duration::from_millis(1));
+        // A unique source, so that no cached object answers.
+        let source = format!(
+            "int tessel_timeout_probe_{}(void) {{ return 1; }}\n",
+            std::process::id()
+        );
+        match cc.compile(&source, &BTreeSet::new(), Mode::Native) {
+            Err(CompileError::Timeout { .. }) => {}
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        let ok = Compiler::new(&dir)
+            .unwrap()
+            .compile(&source, &BTreeSet::new(), Mode::Native);
+        assert!(ok.is_ok(), "{ok:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -22,6 +22,8 @@ pub enum CompileError {
     },
     #[error("the C compiler rejected {path}:\n{stderr}")]
     Rejected { path: PathBuf, stderr: String },
+    #[error("the C compiler took more than {seconds} s on {path}; killed")]
+    Timeout { path: PathBuf, seconds: f64 },
     #[error("cache directory {path}: {source}")]
     Io {
         path: PathBuf,

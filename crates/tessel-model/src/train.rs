@@ -80,7 +80,7 @@ impl Default for TrainOptions {
             group_size: 32,
             steps_per_epoch: None,
             val_fraction: 0.2,
-            patience: 6,
+            patience: 8,
             trainable: Trainable::All,
             seed: 1,
         }
@@ -398,9 +398,11 @@ pub fn train(
             programs_per_s: programs as f64 / elapsed.max(1e-9),
         };
         on_epoch(&e);
-        // Validation criterion: the mean of the top-1 and top-5 scores; without a split,
-        // the last epoch is kept.
-        let criterion = val.map_or(epoch as f64, |m| (m.top1 + m.top5) / 2.0);
+        // Validation criterion: the mean of the top-1 and top-5 scores and the pairwise
+        // accuracy (top-k alone is noisy on few tasks); without a split, the last epoch is kept.
+        let criterion = val.map_or(epoch as f64, |m| {
+            (m.top1 + m.top5 + m.pairwise_accuracy) / 3.0
+        });
         report.epochs.push(e);
         if best.as_ref().is_none_or(|(b, _)| criterion > *b) {
             best = Some((criterion, model.params.snapshot()?));
