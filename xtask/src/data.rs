@@ -21,6 +21,7 @@ use tessel_search::records::{TESSEL_VERSION, now};
 use tessel_search::rng::Rng;
 use tessel_search::{InstructionSet, RecordLog, Space, TuningRecord, read_log};
 
+use crate::tune::read_log_warning;
 use crate::{cpu, plot};
 
 /// A measurement platform: the instructions a dataset may use and its element type.
@@ -191,15 +192,7 @@ pub fn dataset(a: DatasetArgs) -> Result<()> {
     if a.per_task == 0 {
         bail!("--per-task must be at least 1");
     }
-    let existing = read_log(&a.out)?;
-    for c in &existing.corrupt {
-        eprintln!(
-            "warning: {}:{}: skipped a corrupt record ({})",
-            a.out.display(),
-            c.line,
-            c.reason
-        );
-    }
+    let existing = read_log_warning(&a.out)?;
     let mut measurer = cpu::measurer(a.threads, false)?;
     let fp = measurer.fingerprint().clone();
     let target = format!("cpu:{}", platform.name);

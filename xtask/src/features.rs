@@ -7,7 +7,9 @@ use serde::Serialize;
 use tessel_features::{COLUMNS, Column, Features, SCHEMA_VERSION, Source, Target, extract};
 use tessel_intrin::Catalog;
 use tessel_ir::{Program, Trace, Workload};
-use tessel_search::{TuningRecord, read_log};
+use tessel_search::TuningRecord;
+
+use crate::tune::read_log_warning;
 
 #[derive(Serialize)]
 struct Report<'a> {
@@ -110,15 +112,7 @@ fn buffer_name(program: &Program, f: &Features, i: usize) -> Option<String> {
 
 /// The fastest successful record, of `workload` where given.
 fn best_record(path: &Path, workload: Option<&str>) -> Result<TuningRecord> {
-    let contents = read_log(path)?;
-    for c in &contents.corrupt {
-        eprintln!(
-            "warning: {}:{}: skipped a corrupt record ({})",
-            path.display(),
-            c.line,
-            c.reason
-        );
-    }
+    let contents = read_log_warning(path)?;
     let mut workloads: Vec<&str> = contents
         .records
         .iter()

@@ -14,6 +14,8 @@ use tessel_search::{
     InstructionSet, RandomModel, RecordLog, SearchOptions, Task, Tuner, TuningRecord, read_log,
 };
 
+use tessel_search::records::LogContents;
+
 use crate::cpu;
 
 /// What to tune and how.
@@ -165,15 +167,7 @@ pub fn tune(a: TuneArgs) -> Result<()> {
     };
     let (log, resumed) = match &a.log {
         Some(path) => {
-            let contents = read_log(path)?;
-            for c in &contents.corrupt {
-                eprintln!(
-                    "warning: {}:{}: skipped a corrupt record ({})",
-                    path.display(),
-                    c.line,
-                    c.reason
-                );
-            }
+            let contents = read_log_warning(path)?;
             (Some(RecordLog::open(path)?), contents.records)
         }
         None => (None, Vec::new()),
@@ -329,17 +323,23 @@ fn shipped_model() -> Option<(String, tessel_model::Model)> {
     }
 }
 
-/// `cargo xtask best`: the best record per workload, and optionally its code.
-pub fn best(log: &Path, emit: Option<&str>, json: bool) -> Result<()> {
-    let contents = read_log(log)?;
+/// Reads a tuning log, warning on stderr about each corrupt line it skips.
+pub fn read_log_warning(path: &Path) -> Result<LogContents> {
+    let contents = read_log(path)?;
     for c in &contents.corrupt {
         eprintln!(
             "warning: {}:{}: skipped a corrupt record ({})",
-            log.display(),
+            path.display(),
             c.line,
             c.reason
         );
     }
+    Ok(contents)
+}
+
+/// `cargo xtask best`: the best record per workload, and optionally its code.
+pub fn best(log: &Path, emit: Option<&str>, json: bool) -> Result<()> {
+    let contents = read_log_warning(log)?;
     let mut best: BTreeMap<(String, String), &TuningRecord> = BTreeMap::new();
     for r in &contents.records {
         let Some(lat) = r.latency() else { continue };

@@ -138,6 +138,11 @@ pub fn rank(model: &mut Model, data: &Dataset) -> Vec<Ranked> {
             .map(|s| &s.tokens[..])
             .collect::<Vec<_>>(),
     );
+    by_task(data, scores.into_iter().map(f64::from))
+}
+
+/// Groups per-sample scores (in sample order) into one ranking per task of `data`.
+fn by_task(data: &Dataset, scores: impl Iterator<Item = f64>) -> Vec<Ranked> {
     let mut out: Vec<Ranked> = data
         .tasks
         .iter()
@@ -148,7 +153,7 @@ pub fn rank(model: &mut Model, data: &Dataset) -> Vec<Ranked> {
         })
         .collect();
     for (s, score) in data.samples.iter().zip(scores) {
-        out[s.task].predicted.push(score as f64);
+        out[s.task].predicted.push(score);
         out[s.task].latency.push(s.latency);
     }
     out
@@ -452,22 +457,11 @@ pub fn ridge_rank(train: &Dataset, test: &Dataset) -> Vec<Ranked> {
         .map(|i| train.label(i).ln())
         .collect();
     let ridge = metrics::Ridge::fit(&x, &y, 1.0);
-    let mut out: Vec<Ranked> = test
-        .tasks
+    let scores = test
+        .samples
         .iter()
-        .map(|(_, w)| Ranked {
-            weight: *w,
-            predicted: Vec::new(),
-            latency: Vec::new(),
-        })
-        .collect();
-    for s in &test.samples {
-        out[s.task]
-            .predicted
-            .push(ridge.predict(&metrics::pooled(&s.tokens, test.width)));
-        out[s.task].latency.push(s.latency);
-    }
-    out
+        .map(|s| ridge.predict(&metrics::pooled(&s.tokens, test.width)));
+    by_task(test, scores)
 }
 
 /// Options for fine-tuning a pretrained model on a few records of a new platform or workload:
