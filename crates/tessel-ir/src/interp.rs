@@ -117,10 +117,14 @@ impl Machine<'_> {
                 }
             }
             Stmt::For(l) => {
+                // A shared cache's copy re-walks the thread loops it spans: give the enclosing
+                // loop its value back afterwards.
+                let outer = self.vals[l.var];
                 for i in 0..l.extent as i64 {
                     self.vals[l.var] = i;
                     self.exec(&l.body)?;
                 }
+                self.vals[l.var] = outer;
             }
             Stmt::Allocate { buffer, body } => {
                 let b = &self.p.buffers[*buffer];

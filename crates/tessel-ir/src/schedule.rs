@@ -8,7 +8,7 @@ use crate::ast::{
 };
 use crate::error::ScheduleError;
 use crate::op::{AffineExpr, ComputeOp, Epilogue, IterKind};
-use crate::trace::{IntrinsicResolver, LayoutTransform, Scope, Step, Trace};
+use crate::trace::{GpuAxis, IntrinsicResolver, LayoutTransform, Scope, Step, Trace};
 
 /// Largest extent a loop may get from splitting or fusing (keeps index arithmetic in i64).
 const MAX_EXTENT: u64 = 1 << 40;
@@ -806,7 +806,12 @@ impl Schedule {
                     )));
                 }
                 last_anchor = a;
-                let copy_loops: Vec<usize> = (a..n)
+                // A shared cache is the block's: it also spans the warp and thread loops
+                // outside its anchor (as TVM relaxes thread-bound loops for shared scope), so
+                // the block's threads fill it together and each reads its own part.
+                let shared = c.scope.as_str() == "shared";
+                let copy_loops: Vec<usize> = (0..n)
+                    .filter(|&j| j >= a || (shared && is_thread_level(self.loops[j].kind)))
                     .filter(|&j| cur.index.iter().any(|e| e.uses(j)))
                     .collect();
                 buffers.push(Buffer {
@@ -825,7 +830,7 @@ impl Schedule {
                     buffer: cb,
                     index: copy_loops.iter().map(|&j| Expr::Var(j)).collect(),
                 };
-                let copy = nest(
+                let mut copy = nest(
                     &copy_loops,
                     Stmt::Copy {
                         dst: dst.clone(),
@@ -834,7 +839,16 @@ impl Schedule {
                         step: Some(c.step),
                     },
                 );
-                if c.scope.as_str() == "shared" {
+                // The spanned thread loops are walked serially by the copy: one axis is never
+                // bound twice on a path.
+                let mut l = &mut copy;
+                while let Stmt::For(f) = l {
+                    if f.var < a {
+                        f.kind = LoopKind::Serial;
+                    }
+                    l = &mut f.body;
+                }
+                if shared {
                     attached[a].extend([Stmt::Barrier, copy, Stmt::Barrier]);
                 } else {
                     attached[a].push(copy);
@@ -977,6 +991,14 @@ impl Schedule {
             body: inner,
         })
     }
+}
+
+/// Loops whose iterations run on different threads of one block.
+fn is_thread_level(kind: LoopKind) -> bool {
+    matches!(
+        kind,
+        LoopKind::Bound(GpuAxis::Warp | GpuAxis::ThreadX | GpuAxis::ThreadY | GpuAxis::ThreadZ)
+    )
 }
 
 /// For a layout transform: the packed buffer's index given the original index expressions

@@ -339,3 +339,34 @@ fn the_generator_reaches_every_primitive() {
     }
     assert_eq!(seen.len(), 13, "{seen:?}");
 }
+
+#[test]
+fn a_shared_cache_spans_the_warps_outside_its_anchor() {
+    // Two warps along m (threadIdx.z) and two along n (threadIdx.y), each with its own
+    // accumulator; A and B are staged once per block and k-step in shared memory. A's tile
+    // covers both m-warps (not the n-warps, which A does not depend on).
+    let op = gemm("gemm:m=32,n=32,k=16,dtype=f32");
+    let mut t = Trace::new();
+    t.split("m", &[2, 8])
+        .split("n", &[2, 8])
+        .split("k", &[4])
+        .reorder(&["m.0", "n.0", "m.1", "n.1", "k.0", "m.2", "n.2", "k.1"])
+        .bind("m.0", GpuAxis::BlockY)
+        .bind("n.0", GpuAxis::BlockX)
+        .bind("m.1", GpuAxis::ThreadZ)
+        .bind("n.1", GpuAxis::ThreadY)
+        .cache_write(scope("local"), Some("n.1"))
+        .cache_read(0, scope("shared"), Some("k.0"))
+        .cache_read(1, scope("shared"), Some("k.0"));
+    let program = t.lower(&op, &TestIntrinsics).unwrap();
+    let shape = |name: &str| {
+        let b = program.buffers.iter().find(|b| b.name == name);
+        b.map(|b| b.shape.clone())
+    };
+    assert_eq!(shape("A_shared0"), Some(vec![2, 8, 4]), "{program}");
+    assert_eq!(shape("B_shared0"), Some(vec![2, 8, 4]), "{program}");
+    assert_eq!(shape("acc"), Some(vec![8, 8]));
+    // The copy walks the warp loop serially; the compute keeps its binding.
+    assert!(program.to_string().contains("bind(threadIdx.z) for m.1"));
+    check_against_reference(&op, &t, 1).unwrap();
+}
