@@ -55,6 +55,31 @@ pub enum Sketch {
         /// padding included, so the inner loops read without bounds checks).
         cache_input: bool,
     },
+    /// A GPU kernel on Tensor Cores (WMMA): blocks of `wm x wn` warps, each warp computing
+    /// `fm x fn` instruction tiles; A and B staged in shared memory per `kc` k-steps.
+    TensorCore {
+        mapping: usize,
+        wm: u64,
+        wn: u64,
+        fm: u64,
+        #[serde(rename = "fn")]
+        fn_: u64,
+        kc: u64,
+        /// Shared-memory buffers in flight (cp.async pipeline when above 1).
+        stages: u32,
+    },
+    /// A GPU kernel on CUDA cores: each thread computes a `ry x rx` register tile of the two
+    /// innermost output dimensions; blocks of `ty x tx` threads.
+    Simt {
+        tx: u64,
+        ty: u64,
+        rx: u64,
+        ry: u64,
+        /// Inner extent of every reduction loop.
+        rtile: u64,
+        /// Stage the inputs in shared memory per reduction block.
+        shared: bool,
+    },
 }
 
 /// A usable mapping: the instruction and how the operator maps onto it.
@@ -66,11 +91,12 @@ pub struct SpaceMapping {
 
 /// The space of one operator.
 pub struct Space {
-    op: ComputeOp,
-    mappings: Vec<SpaceMapping>,
+    pub(crate) op: ComputeOp,
+    pub(crate) mappings: Vec<SpaceMapping>,
     catalog: Catalog,
-    /// Largest register block (accumulators) per instruction family.
     skipped: Vec<(String, String)>,
+    /// A GPU space: Tensor Core and SIMT sketches instead of the CPU's.
+    pub(crate) gpu: bool,
 }
 
 /// Which instructions a space may use.
@@ -82,6 +108,9 @@ pub enum InstructionSet {
     Only(Vec<String>),
     /// None: the non-tensorized fallback only.
     None,
+    /// An NVIDIA GPU of this compute capability: the WMMA Tensor Core instructions it has,
+    /// and the SIMT fallback.
+    Gpu { cc: (u32, u32) },
 }
 
 fn catalog_static() -> &'static Catalog {
@@ -112,6 +141,7 @@ impl Space {
             InstructionSet::Host => CPU_INSTRUCTIONS.iter().map(|s| s.to_string()).collect(),
             InstructionSet::Only(ids) => ids.clone(),
             InstructionSet::None => Vec::new(),
+            InstructionSet::Gpu { cc } => crate::gpu_space::gpu_instructions(catalog, *cc),
         };
         for id in ids {
             let Some(intr) = catalog.get(&id) else {
@@ -142,6 +172,7 @@ impl Space {
             mappings,
             catalog: Catalog::default(),
             skipped,
+            gpu: matches!(set, InstructionSet::Gpu { .. }),
         }
     }
 
@@ -161,33 +192,38 @@ impl Space {
     /// The instruction a sketch uses, if any.
     pub fn intrinsic(&self, s: &Sketch) -> Option<&'static Intrinsic> {
         match s {
-            Sketch::Tensorized { mapping, .. } => self.mappings.get(*mapping).map(|m| m.intrinsic),
-            Sketch::Scalar { .. } => None,
+            Sketch::Tensorized { mapping, .. } | Sketch::TensorCore { mapping, .. } => {
+                self.mappings.get(*mapping).map(|m| m.intrinsic)
+            }
+            Sketch::Scalar { .. } | Sketch::Simt { .. } => None,
         }
     }
 
     /// A one-line description of the mapping a sketch uses.
     pub fn mapping_label(&self, s: &Sketch) -> Option<String> {
         match s {
-            Sketch::Tensorized { mapping, .. } => self
+            Sketch::Tensorized { mapping, .. } | Sketch::TensorCore { mapping, .. } => self
                 .mappings
                 .get(*mapping)
                 .map(|m| format!("{}: {}", m.intrinsic.id, m.mapping)),
-            Sketch::Scalar { .. } => None,
+            Sketch::Scalar { .. } | Sketch::Simt { .. } => None,
         }
     }
 
-    fn spatial(&self) -> Vec<usize> {
+    pub(crate) fn spatial(&self) -> Vec<usize> {
         self.op.spatial_vars().collect()
     }
 
-    fn reductions(&self) -> Vec<usize> {
+    pub(crate) fn reductions(&self) -> Vec<usize> {
         self.op.reduction_vars().collect()
     }
 
     /// A random point: a mapping (or the fallback, one time in `1 + mappings`), then its
     /// parameters, biased towards divisors but able to reach every value.
     pub fn sample(&self, rng: &mut Rng) -> Sketch {
+        if self.gpu {
+            return self.sample_gpu(rng);
+        }
         let choice = rng.below(self.mappings.len() as u64 + 1) as usize;
         if choice == self.mappings.len() {
             return self.sample_scalar(rng);
@@ -259,8 +295,12 @@ impl Space {
         if rng.chance(10) {
             return self.sample(rng);
         }
+        if self.gpu {
+            return self.mutate_gpu(s, rng);
+        }
         let mut s = s.clone();
         match &mut s {
+            Sketch::TensorCore { .. } | Sketch::Simt { .. } => return self.sample(rng),
             Sketch::Tensorized {
                 mapping,
                 mr,
@@ -374,6 +414,7 @@ impl Space {
                 }
                 Ok(())
             }
+            Sketch::TensorCore { .. } | Sketch::Simt { .. } => self.check_gpu(s),
         }
     }
 
@@ -411,6 +452,7 @@ impl Space {
                 (*parallel, *local_acc, *vectorize, *cache_input),
                 *unroll,
             )),
+            Sketch::TensorCore { .. } | Sketch::Simt { .. } => self.gpu_trace(s),
         }
     }
 
@@ -673,7 +715,7 @@ pub fn max_accumulators(intr: &Intrinsic) -> u64 {
 
 /// A value in `1..=max.min(extent)`: a divisor of `extent` four times in five (so tiles
 /// rarely pad), any value otherwise (so the whole range stays reachable).
-fn pick(rng: &mut Rng, extent: u64, max: u64) -> u64 {
+pub(crate) fn pick(rng: &mut Rng, extent: u64, max: u64) -> u64 {
     let hi = max.min(extent).max(1);
     if rng.chance(80) {
         let divisors: Vec<u64> = (1..=hi).filter(|d| extent.is_multiple_of(*d)).collect();

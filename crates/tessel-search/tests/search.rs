@@ -94,6 +94,7 @@ fn sampling_reaches_every_mapping_and_the_fallback() {
                 seen.insert(*mapping);
             }
             Sketch::Scalar { .. } => scalar = true,
+            other => panic!("a GPU sketch in a CPU space: {other}"),
         }
         if space.lower(&s).is_ok() {
             lowered += 1;
@@ -294,4 +295,92 @@ fn a_log_of_garbage_is_reported_line_by_line() {
             .records
             .is_empty()
     );
+}
+
+fn arb_small_gpu() -> impl Strategy<Value = String> {
+    prop_oneof![
+        (1u64..40, 1u64..40, 1u64..40)
+            .prop_map(|(m, n, k)| format!("gemm:m={m},n={n},k={k},dtype=f16,epilogue=bias")),
+        (1u64..3, 1u64..20, 1u64..20, 1u64..40)
+            .prop_map(|(b, m, n, k)| format!("bmm:b={b},m={m},n={n},k={k},dtype=f16")),
+        (1u64..30, 1u64..30, 1u64..30)
+            .prop_map(|(m, n, k)| format!("dense:m={m},n={n},k={k},dtype=f32")),
+        (3u64..6, 1u64..9, 1u64..20).prop_map(|(h, c, k)| format!(
+            "conv2d:n=1,h={h},w={h},c={c},k={k},r=3,s=3,pad=1,dtype=f16"
+        )),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// GPU sketches (Tensor Core and SIMT, block-level shared staging) compute the operator
+    /// in tessel-ir's sequential semantics.
+    #[test]
+    fn sampled_gpu_schedules_compute_the_operator(spec in arb_small_gpu(), seed in any::<u64>()) {
+        let op = spec.parse::<Workload>().unwrap().to_op();
+        let space = Space::new(&op, &InstructionSet::Gpu { cc: (8, 0) });
+        let mut rng = Rng::new(seed);
+        let inputs: Vec<TensorData> = op.read_operands().iter().enumerate()
+            .map(|(i, o)| TensorData::random(o.tensor.shape.clone(), o.tensor.dtype, i as u64))
+            .collect();
+        let want = op.reference(&inputs).unwrap();
+        let mut s = space.sample(&mut rng);
+        for _ in 0..3 {
+            if let Ok((trace, program)) = space.lower(&s) {
+                let got = program.run(&inputs).unwrap();
+                let err = got.max_relative_error(&want);
+                prop_assert!(err < 1e-3, "{spec}: error {err}\n{trace}");
+            }
+            s = space.mutate(&s, &mut rng);
+        }
+    }
+}
+
+#[test]
+fn gpu_spaces_use_tensor_cores_where_the_device_has_them() {
+    let op = "gemm:m=256,n=256,k=256,dtype=bf16"
+        .parse::<Workload>()
+        .unwrap()
+        .to_op();
+    // bf16 WMMA needs sm_80: a V100 (sm_70) space has only the SIMT fallback.
+    let volta = Space::new(&op, &InstructionSet::Gpu { cc: (7, 0) });
+    assert!(volta.mappings().is_empty());
+    let ampere = Space::new(&op, &InstructionSet::Gpu { cc: (8, 0) });
+    assert!(
+        ampere
+            .mappings()
+            .iter()
+            .all(|m| m.intrinsic.id.starts_with("wmma."))
+    );
+    let mut rng = Rng::new(3);
+    let (mut tc, mut simt, mut lowered) = (0, 0, 0);
+    for _ in 0..200 {
+        let s = ampere.sample(&mut rng);
+        match s {
+            Sketch::TensorCore { .. } => tc += 1,
+            Sketch::Simt { .. } => simt += 1,
+            _ => panic!("a CPU sketch in a GPU space: {s}"),
+        }
+        if let Ok((_, p)) = ampere.lower(&s) {
+            lowered += 1;
+            let shared = p.buffers.iter().filter(|b| b.scope.as_str() == "shared");
+            let bytes: u64 = shared.map(|b| b.bytes()).sum();
+            assert!(bytes <= tessel_search::GPU_MAX_SHARED_BYTES * 4, "{bytes}");
+        }
+    }
+    assert!(tc > 100 && simt > 20, "{tc} {simt}");
+    assert!(lowered > 150, "{lowered}");
+    // A block of 64 warps is refused before any code exists.
+    let huge = Sketch::TensorCore {
+        mapping: 0,
+        wm: 8,
+        wn: 8,
+        fm: 1,
+        fn_: 1,
+        kc: 1,
+        stages: 1,
+    };
+    let e = ampere.check(&huge).unwrap_err();
+    assert!(e.contains("2048 threads"), "{e}");
 }

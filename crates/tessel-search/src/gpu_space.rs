@@ -1,0 +1,427 @@
+//! The GPU half of [`Space`]: Tensor Core (WMMA) sketches around every mapping, and the SIMT
+//! fallback. Both become ordinary traces: block/warp/thread bindings, a per-warp (or
+//! per-thread) accumulator, shared-memory staging of the inputs per reduction block, and a
+//! software pipeline over that block.
+
+use tessel_intrin::{Catalog, Platform, Requirement};
+use tessel_ir::{GpuAxis, IterKind, Scope, Trace};
+
+use crate::rng::Rng;
+use crate::space::{Sketch, Space, pick};
+
+/// Threads per block, the CUDA limit.
+pub const GPU_MAX_THREADS: u64 = 1024;
+
+/// Static shared memory per block, the limit without opting in to more (every GPU since sm_70).
+pub const GPU_MAX_SHARED_BYTES: u64 = 48 << 10;
+
+/// Accumulator fragments per warp: 8 registers each per lane, within the 255-register budget.
+const MAX_FRAGMENTS_PER_WARP: u64 = 16;
+
+/// Accumulator values per SIMT thread (registers).
+const MAX_SIMT_ACCUMULATORS: u64 = 64;
+
+/// The WMMA instructions a GPU of compute capability `cc` runs (the code generator emits WMMA;
+/// mma.sync and wgmma are described in the catalog but not generated yet).
+pub(crate) fn gpu_instructions(catalog: &Catalog, cc: (u32, u32)) -> Vec<String> {
+    catalog
+        .intrinsics
+        .iter()
+        .filter(|i| i.platform == Platform::Nvidia && i.family == "wmma" && !i.description_only)
+        .filter(|i| matches!(i.requires, Requirement::ComputeCapability(a, b) if (a, b) <= cc))
+        .map(|i| i.id.to_string())
+        .collect()
+}
+
+fn scope(name: &str) -> Scope {
+    Scope::new(name).expect("a valid scope name")
+}
+
+impl Space {
+    pub(crate) fn sample_gpu(&self, rng: &mut Rng) -> Sketch {
+        // Tensor Cores three times in four when the operator maps onto them.
+        if !self.mappings.is_empty() && rng.chance(75) {
+            let mapping = rng.below(self.mappings.len() as u64) as usize;
+            return self.sample_tensor_core(mapping, rng);
+        }
+        self.sample_simt(rng)
+    }
+
+    fn tiles(&self, mapping: usize) -> (u64, u64, u64) {
+        let m = &self.mappings[mapping];
+        let t = |d: usize, e: u64| m.mapping.dims[d].extent.div_ceil(e.max(1));
+        let i = m.intrinsic;
+        (t(0, i.m), t(1, i.n), t(2, i.k))
+    }
+
+    fn sample_tensor_core(&self, mapping: usize, rng: &mut Rng) -> Sketch {
+        let (mt, nt, kt) = self.tiles(mapping);
+        let wm = pick(rng, mt, 4);
+        let wn = pick(rng, nt, 4);
+        let fm = pick(rng, mt.div_ceil(wm), 4);
+        let fn_ = pick(
+            rng,
+            nt.div_ceil(wn),
+            (MAX_FRAGMENTS_PER_WARP / fm).clamp(1, 4),
+        );
+        Sketch::TensorCore {
+            mapping,
+            wm,
+            wn,
+            fm,
+            fn_,
+            kc: pick(rng, kt, 4),
+            stages: 1 + rng.below(3) as u32,
+        }
+    }
+
+    /// The two innermost spatial variables (y may be absent).
+    fn xy(&self) -> (Option<usize>, Option<usize>) {
+        let s = self.spatial();
+        (s.last().copied(), s.len().checked_sub(2).map(|i| s[i]))
+    }
+
+    fn sample_simt(&self, rng: &mut Rng) -> Sketch {
+        let (x, y) = self.xy();
+        let ext = |v: Option<usize>| v.map_or(1, |v| self.op.iter_vars[v].extent);
+        let (ex, ey) = (ext(x), ext(y));
+        let tx = pick(rng, ex, 32);
+        let ty = pick(rng, ey, (GPU_MAX_THREADS / tx).min(32));
+        let rx = pick(rng, ex.div_ceil(tx), 8);
+        let ry = pick(rng, ey.div_ceil(ty), 8);
+        let rmax = self
+            .reductions()
+            .iter()
+            .map(|&v| self.op.iter_vars[v].extent)
+            .min()
+            .unwrap_or(1);
+        Sketch::Simt {
+            tx,
+            ty,
+            rx,
+            ry,
+            rtile: pick(rng, rmax, 16),
+            shared: rng.chance(60),
+        }
+    }
+
+    pub(crate) fn mutate_gpu(&self, s: &Sketch, rng: &mut Rng) -> Sketch {
+        if rng.chance(10) {
+            return self.sample_gpu(rng);
+        }
+        let fresh = match s {
+            Sketch::TensorCore { mapping, .. } if *mapping < self.mappings.len() => {
+                self.sample_tensor_core(*mapping, rng)
+            }
+            Sketch::Simt { .. } => self.sample_simt(rng),
+            _ => return self.sample_gpu(rng),
+        };
+        // One parameter from a fresh sample, the rest kept.
+        let mut out = s.clone();
+        match (&mut out, fresh) {
+            (
+                Sketch::TensorCore {
+                    wm,
+                    wn,
+                    fm,
+                    fn_,
+                    kc,
+                    stages,
+                    ..
+                },
+                Sketch::TensorCore {
+                    wm: a,
+                    wn: b,
+                    fm: c,
+                    fn_: d,
+                    kc: e,
+                    stages: f,
+                    ..
+                },
+            ) => match rng.below(6) {
+                0 => *wm = a,
+                1 => *wn = b,
+                2 => *fm = c,
+                3 => *fn_ = d,
+                4 => *kc = e,
+                _ => *stages = f,
+            },
+            (
+                Sketch::Simt {
+                    tx,
+                    ty,
+                    rx,
+                    ry,
+                    rtile,
+                    shared,
+                },
+                Sketch::Simt {
+                    tx: a,
+                    ty: b,
+                    rx: c,
+                    ry: d,
+                    rtile: e,
+                    ..
+                },
+            ) => match rng.below(6) {
+                0 => *tx = a,
+                1 => *ty = b,
+                2 => *rx = c,
+                3 => *ry = d,
+                4 => *rtile = e,
+                _ => *shared = !*shared,
+            },
+            _ => {}
+        }
+        out
+    }
+
+    /// Threads, registers and shared memory within the limits of every supported GPU.
+    pub(crate) fn check_gpu(&self, s: &Sketch) -> Result<(), String> {
+        if !self.gpu {
+            return Err("a GPU sketch in a CPU space".into());
+        }
+        match s {
+            Sketch::TensorCore {
+                mapping,
+                wm,
+                wn,
+                fm,
+                fn_,
+                kc,
+                stages,
+            } => {
+                let m = self
+                    .mappings
+                    .get(*mapping)
+                    .ok_or_else(|| format!("no mapping #{mapping}"))?;
+                if [*wm, *wn, *fm, *fn_, *kc].contains(&0) || *stages == 0 {
+                    return Err("tile factors and stages must be at least 1".into());
+                }
+                let threads = 32 * wm * wn;
+                if threads > GPU_MAX_THREADS {
+                    return Err(format!(
+                        "{wm}x{wn} warps are {threads} threads; a block has at most {GPU_MAX_THREADS}"
+                    ));
+                }
+                if fm * fn_ > MAX_FRAGMENTS_PER_WARP {
+                    return Err(format!(
+                        "{fm}x{fn_} accumulator fragments per warp exceed {MAX_FRAGMENTS_PER_WARP}"
+                    ));
+                }
+                let i = m.intrinsic;
+                let bytes = *stages as u64
+                    * kc
+                    * i.k
+                    * (wm * fm * i.m * i.a.bytes() as u64 + wn * fn_ * i.n * i.b.bytes() as u64);
+                if bytes > GPU_MAX_SHARED_BYTES {
+                    return Err(format!(
+                        "{bytes} bytes of shared memory per block exceed {GPU_MAX_SHARED_BYTES}"
+                    ));
+                }
+                Ok(())
+            }
+            Sketch::Simt {
+                tx,
+                ty,
+                rx,
+                ry,
+                rtile,
+                ..
+            } => {
+                if [*tx, *ty, *rx, *ry, *rtile].contains(&0) {
+                    return Err("tile factors must be at least 1".into());
+                }
+                if tx * ty > GPU_MAX_THREADS {
+                    return Err(format!(
+                        "{tx}x{ty} threads; a block has at most {GPU_MAX_THREADS}"
+                    ));
+                }
+                if rx * ry > MAX_SIMT_ACCUMULATORS {
+                    return Err(format!(
+                        "{ry}x{rx} accumulators per thread exceed {MAX_SIMT_ACCUMULATORS}"
+                    ));
+                }
+                Ok(())
+            }
+            _ => Err("not a GPU sketch".into()),
+        }
+    }
+
+    pub(crate) fn gpu_trace(&self, s: &Sketch) -> Result<Trace, String> {
+        match s {
+            Sketch::TensorCore {
+                mapping,
+                wm,
+                wn,
+                fm,
+                fn_,
+                kc,
+                stages,
+            } => Ok(self.tensor_core_trace(*mapping, [*wm, *wn, *fm, *fn_, *kc], *stages)),
+            Sketch::Simt {
+                tx,
+                ty,
+                rx,
+                ry,
+                rtile,
+                shared,
+            } => Ok(self.simt_trace([*tx, *ty, *rx, *ry, *rtile], *shared)),
+            _ => Err("not a GPU sketch".into()),
+        }
+    }
+
+    /// Outer spatial variables (batch, heads) become one loop bound to blockIdx.z.
+    fn bind_batch(&self, t: &mut Trace, outer: &[String]) -> Option<String> {
+        match outer {
+            [] => None,
+            [one] => {
+                t.bind(one, GpuAxis::BlockZ);
+                Some(one.clone())
+            }
+            many => {
+                let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+                t.fuse(&refs);
+                let fused = refs.join("_");
+                t.bind(&fused, GpuAxis::BlockZ);
+                Some(fused)
+            }
+        }
+    }
+
+    fn kind(&self, name: &str) -> IterKind {
+        self.op
+            .var_index(name)
+            .map(|v| self.op.iter_vars[v].kind)
+            .unwrap_or(IterKind::Spatial)
+    }
+
+    fn tensor_core_trace(
+        &self,
+        mapping: usize,
+        [wm, wn, fm, fn_, kc]: [u64; 5],
+        stages: u32,
+    ) -> Trace {
+        let m = &self.mappings[mapping];
+        let (intr, map) = (m.intrinsic, &m.mapping);
+        let mut t = Trace::new();
+        let s_outer: Vec<String> = map
+            .outer
+            .iter()
+            .filter(|v| self.kind(v) == IterKind::Spatial)
+            .cloned()
+            .collect();
+        let r_outer: Vec<String> = map
+            .outer
+            .iter()
+            .filter(|v| self.kind(v) == IterKind::Reduction)
+            .cloned()
+            .collect();
+        // Group variables adjacent (batch first), then one fused loop per instruction dimension.
+        let mut first: Vec<&str> = s_outer.iter().map(String::as_str).collect();
+        first.extend(r_outer.iter().map(String::as_str));
+        for d in &map.dims {
+            first.extend(d.vars.iter().map(String::as_str));
+        }
+        t.reorder(&first);
+        let mut fused = Vec::new();
+        for d in &map.dims {
+            let refs: Vec<&str> = d.vars.iter().map(String::as_str).collect();
+            if refs.len() > 1 {
+                t.fuse(&refs);
+            }
+            fused.push(refs.join("_"));
+        }
+        let (fm_, fn__, fk) = (&fused[0], &fused[1], &fused[2]);
+        t.split(fm_, &[wm, fm, intr.m]);
+        t.split(fn__, &[wn, fn_, intr.n]);
+        t.split(fk, &[kc, intr.k]);
+        let p = |x: &str, i: u32| format!("{x}.{i}");
+        let mut order: Vec<String> = s_outer.clone();
+        order.extend([p(fm_, 0), p(fn__, 0), p(fm_, 1), p(fn__, 1)]);
+        order.extend(r_outer.iter().cloned());
+        order.extend([p(fk, 0), p(fk, 1), p(fm_, 2), p(fn__, 2)]);
+        order.extend([p(fm_, 3), p(fn__, 3), p(fk, 2)]);
+        let refs: Vec<&str> = order.iter().map(String::as_str).collect();
+        t.reorder(&refs);
+        self.bind_batch(&mut t, &s_outer);
+        t.bind(&p(fm_, 0), GpuAxis::BlockY)
+            .bind(&p(fn__, 0), GpuAxis::BlockX)
+            .bind(&p(fm_, 1), GpuAxis::ThreadZ)
+            .bind(&p(fn__, 1), GpuAxis::ThreadY);
+        // One accumulator per warp (its fragments), staging per k block for the whole block.
+        t.cache_write(scope("local"), Some(&p(fn__, 1)));
+        let k0 = p(fk, 0);
+        t.cache_read(map.operands[0], scope("shared"), Some(&k0))
+            .cache_read(map.operands[1], scope("shared"), Some(&k0));
+        if stages > 1 {
+            t.pipeline(&k0, stages);
+        }
+        t.unroll(&p(fm_, 2)).unroll(&p(fn__, 2));
+        t.tensorize(
+            intr.id,
+            &[("m", &p(fm_, 3)), ("n", &p(fn__, 3)), ("k", &p(fk, 2))],
+            &map.operands,
+        );
+        t
+    }
+
+    fn simt_trace(&self, [tx, ty, rx, ry, rtile]: [u64; 5], shared: bool) -> Trace {
+        let mut t = Trace::new();
+        let name = |v: usize| self.op.iter_vars[v].name.clone();
+        let spatial = self.spatial();
+        let reductions = self.reductions();
+        let (x, y) = self.xy();
+        let outer: Vec<String> = spatial
+            .iter()
+            .filter(|&&v| Some(v) != x && Some(v) != y)
+            .map(|&v| name(v))
+            .collect();
+        let mut order: Vec<String> = outer.clone();
+        let mut tiled = Vec::new();
+        for (v, threads, regs) in [(y, ty, ry), (x, tx, rx)] {
+            if let Some(v) = v {
+                t.split(&name(v), &[threads, regs]);
+                tiled.push(name(v));
+            }
+        }
+        for r in &reductions {
+            let e = self.op.iter_vars[*r].extent;
+            t.split(&name(*r), &[rtile.min(e)]);
+        }
+        let p = |x: &str, i: u32| format!("{x}.{i}");
+        order.extend(tiled.iter().map(|v| p(v, 0)));
+        order.extend(tiled.iter().map(|v| p(v, 1)));
+        order.extend(reductions.iter().map(|&r| p(&name(r), 0)));
+        order.extend(reductions.iter().map(|&r| p(&name(r), 1)));
+        order.extend(tiled.iter().map(|v| p(v, 2)));
+        let refs: Vec<&str> = order.iter().map(String::as_str).collect();
+        t.reorder(&refs);
+        self.bind_batch(&mut t, &outer);
+        let axes = if tiled.len() == 2 {
+            [
+                (GpuAxis::BlockY, GpuAxis::ThreadY),
+                (GpuAxis::BlockX, GpuAxis::ThreadX),
+            ]
+            .to_vec()
+        } else {
+            [(GpuAxis::BlockX, GpuAxis::ThreadX)].to_vec()
+        };
+        for (v, (b, th)) in tiled.iter().zip(axes) {
+            t.bind(&p(v, 0), b).bind(&p(v, 1), th);
+        }
+        if let Some(last_thread) = tiled.last() {
+            t.cache_write(scope("local"), Some(&p(last_thread, 1)));
+        }
+        if shared && let Some(&r) = reductions.last() {
+            let at = p(&name(r), 0);
+            for o in 0..self.op.inputs.len() {
+                t.cache_read(o, scope("shared"), Some(&at));
+            }
+        }
+        for v in &tiled {
+            t.unroll(&p(v, 2));
+        }
+        t
+    }
+}
