@@ -1,0 +1,37 @@
+//! tessel-gpu: the NVIDIA GPU backend.
+//!
+//! - [`codegen`]: a GPU program (tessel-ir, loops bound to blocks, warps and threads) becomes
+//!   one CUDA C++ kernel: WMMA Tensor Core fragments, block-wide shared-memory staging with
+//!   16-byte vectors and padded rows, multi-stage `cp.async` pipelines, and an epilogue (bias,
+//!   relu, cast) applied per element with the edge guards.
+//! - [`nvcc`]: compiles generated kernels without a GPU (nvcc from PyPI's wheels) and reads
+//!   `ptxas -v` (registers, spills, shared memory).
+//! - [`device`] and [`sim`]: the analytical model behind `--target sim:NAME`, for V100, T4, A10,
+//!   A100-80GB, L4, H100-SXM, H200 and RTX 4090. [`SimMeasurer`] implements the search's
+//!   `Measurer`; its fingerprint kind is `sim`, so its numbers are never taken for
+//!   measurements.
+//!
+//! ```
+//! use tessel_search::{InstructionSet, Sketch, Space};
+//!
+//! let op = "gemm:m=1024,n=1024,k=1024,dtype=f16".parse::<tessel_ir::Workload>().unwrap().to_op();
+//! let space = Space::new(&op, &InstructionSet::Gpu { cc: (8, 0) });
+//! let sketch = Sketch::TensorCore { mapping: 0, wm: 2, wn: 2, fm: 4, fn_: 4, kc: 2, stages: 3 };
+//! let (_, program) = space.lower(&sketch).unwrap();
+//! let kernel = tessel_gpu::generate(&program, "gemm").unwrap();
+//! assert!(kernel.source.contains("wmma::mma_sync"));
+//! let a100 = tessel_gpu::device("a100").unwrap();
+//! let estimate = tessel_gpu::estimate(&program, &a100).unwrap();
+//! assert!(estimate.latency_s > 0.0);
+//! ```
+
+pub mod codegen;
+pub mod device;
+mod error;
+pub mod nvcc;
+pub mod sim;
+
+pub use codegen::{Kernel, generate};
+pub use device::{DeviceSpec, device, devices};
+pub use error::GpuError;
+pub use sim::{Estimate, SimMeasurer, estimate};
