@@ -21,7 +21,7 @@ use tessel_search::records::{TESSEL_VERSION, now};
 use tessel_search::rng::Rng;
 use tessel_search::{InstructionSet, RecordLog, Space, TuningRecord, read_log};
 
-use crate::tune::read_log_warning;
+use crate::tune::{TuneTarget, read_log_warning};
 use crate::{cpu, plot};
 
 /// A measurement platform: the instructions a dataset may use and its element type.
@@ -95,6 +95,7 @@ fn default_platform() -> &'static Platform {
 }
 
 pub struct DatasetArgs {
+    pub target: String,
     pub networks: Vec<String>,
     pub workload: Option<String>,
     pub per_task: usize,
@@ -130,7 +131,35 @@ fn hash(s: &str) -> u64 {
 }
 
 /// `cargo xtask dataset`: random schedules of every task, measured for real, as records.
-pub fn dataset(a: DatasetArgs) -> Result<()> {
+/// What `dataset` measures on: a CPU platform or a GPU's analytical model.
+struct DatasetTarget {
+    set: InstructionSet,
+    dtype: DType,
+    /// The target string records carry.
+    label: String,
+    measurer: Box<dyn Measurer>,
+    name: String,
+}
+
+fn dataset_target(a: &DatasetArgs) -> Result<DatasetTarget> {
+    if let TuneTarget::Sim(dev) = TuneTarget::parse(&a.target)? {
+        // On a GPU the platform is the networks' element type.
+        let dtype = a.platform.as_deref().unwrap_or("f16");
+        let dtype: DType = match dtype {
+            "f16" | "bf16" | "i8" | "f32" => dtype.parse()?,
+            other => bail!("--platform `{other}` on a GPU target: one of f16, bf16, i8, f32"),
+        };
+        if dtype == DType::BF16 && dev.tc_bf16 == 0.0 {
+            bail!("{} has no bf16 Tensor Cores", dev.name);
+        }
+        return Ok(DatasetTarget {
+            set: InstructionSet::Gpu { cc: dev.cc },
+            dtype,
+            label: format!("sim:{}", dev.key),
+            name: format!("{} {dtype} (analytical model)", dev.key),
+            measurer: Box::new(tessel_gpu::SimMeasurer::new(dev)),
+        });
+    }
     let platform = match &a.platform {
         Some(p) => platform(p)?,
         None => default_platform(),
@@ -159,7 +188,23 @@ pub fn dataset(a: DatasetArgs) -> Result<()> {
                 .collect(),
         )
     };
-    let dtype: DType = platform.dtype.parse().context("platform dtype")?;
+    Ok(DatasetTarget {
+        set,
+        dtype: platform.dtype.parse().context("platform dtype")?,
+        label: format!("cpu:{}", platform.name),
+        name: platform.name.to_string(),
+        measurer: Box::new(cpu::measurer(a.threads, false)?),
+    })
+}
+
+pub fn dataset(a: DatasetArgs) -> Result<()> {
+    let DatasetTarget {
+        set,
+        dtype,
+        label: target,
+        mut measurer,
+        name: platform_name,
+    } = dataset_target(&a)?;
     let mut workloads: Vec<Workload> = Vec::new();
     match (&a.workload, a.networks.is_empty()) {
         (Some(spec), true) => workloads.push(
@@ -193,9 +238,7 @@ pub fn dataset(a: DatasetArgs) -> Result<()> {
         bail!("--per-task must be at least 1");
     }
     let existing = read_log_warning(&a.out)?;
-    let mut measurer = cpu::measurer(a.threads, false)?;
     let fp = measurer.fingerprint().clone();
-    let target = format!("cpu:{}", platform.name);
     let mut log = RecordLog::open(&a.out)?;
     let mut done: HashSet<_> = existing.records.iter().map(|r| r.key()).collect();
 
@@ -279,7 +322,7 @@ pub fn dataset(a: DatasetArgs) -> Result<()> {
     println!(
         "{} tasks on {} ({}): {measured} schedules measured ({errors} errors), {} already in {}, {:.1} s",
         workloads.len(),
-        platform.name,
+        platform_name,
         fp.model,
         existing.records.len(),
         a.out.display(),

@@ -98,6 +98,8 @@ enum Command {
         /// Network element type.
         #[arg(long, default_value = "bf16")]
         dtype: String,
+        /// `cpu` (measured here) or `sim:NAME`, the analytical model of a GPU (v100, t4, a10,
+        /// a100, l4, h100, h200, rtx4090): estimates, not measurements.
         #[arg(long, default_value = "cpu")]
         target: String,
         /// Candidates to measure in all (records already in --log count).
@@ -157,8 +159,10 @@ enum Command {
         json: bool,
     },
     /// Samples schedules of every task (the whole space, not only good ones), measures them
-    /// on this CPU and appends the records to --out (a rerun resumes).
+    /// on this CPU (or estimates them on a GPU model) and appends the records to --out (a
+    /// rerun resumes).
     Dataset {
+        /// `cpu` or `sim:NAME` (the analytical model of a GPU; records say `sim`).
         #[arg(long, default_value = "cpu")]
         target: String,
         /// Networks, comma separated (`cargo xtask workloads`).
@@ -175,7 +179,8 @@ enum Command {
         #[arg(long)]
         shard: Option<String>,
         /// amx-bf16, amx-int8, avx512-vnni, avx512-bf16, avx512-fma, avx2-fma or scalar
-        /// (default: the best this CPU has).
+        /// (default: the best this CPU has); on `sim:` targets the element type: f16
+        /// (default), bf16, i8 or f32.
         #[arg(long)]
         platform: Option<String>,
         #[arg(long, default_value_t = 1)]
@@ -379,25 +384,19 @@ fn run(cli: Cli) -> Result<()> {
             threads,
             seed,
             max_tasks,
-        } => {
-            if target != "cpu" {
-                anyhow::bail!(
-                    "--target `{target}`: datasets are measured on `cpu` for now (GPU targets arrive with tessel-gpu)"
-                );
-            }
-            data::dataset(data::DatasetArgs {
-                networks: network,
-                workload,
-                per_task,
-                out,
-                shard,
-                platform,
-                batch,
-                threads,
-                seed,
-                max_tasks,
-            })?
-        }
+        } => data::dataset(data::DatasetArgs {
+            target,
+            networks: network,
+            workload,
+            per_task,
+            out,
+            shard,
+            platform,
+            batch,
+            threads,
+            seed,
+            max_tasks,
+        })?,
         Command::Merge { out, inputs } => data::merge(&out, &inputs)?,
         Command::Pretrain {
             data,

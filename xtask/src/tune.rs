@@ -70,18 +70,76 @@ fn instruction_of(mapping: &Option<String>) -> Option<&str> {
     mapping.as_deref().and_then(|m| m.split(':').next())
 }
 
-pub fn tune(a: TuneArgs) -> Result<()> {
-    if a.target != "cpu" {
+/// Where `tune` and `dataset` run candidates.
+pub enum TuneTarget {
+    /// This machine's CPU, measured.
+    Cpu,
+    /// The analytical model of a GPU (`sim:NAME`): estimates, labelled as such.
+    Sim(tessel_gpu::DeviceSpec),
+}
+
+impl TuneTarget {
+    pub fn parse(s: &str) -> Result<TuneTarget> {
+        if s == "cpu" {
+            return Ok(TuneTarget::Cpu);
+        }
+        if let Some(name) = s.strip_prefix("sim:") {
+            return Ok(TuneTarget::Sim(tessel_gpu::device(name)?));
+        }
+        if s == "gpu" || s == "cuda" {
+            bail!(
+                "--target {s}: real GPU measurement needs a build with `--features cuda` on a machine with an NVIDIA driver; use `sim:NAME` for the analytical model"
+            );
+        }
+        let known: Vec<String> = tessel_gpu::devices()
+            .iter()
+            .map(|d| format!("sim:{}", d.key))
+            .collect();
         bail!(
-            "--target `{}` is not available yet: `cpu` is (GPU targets and `sim:NAME` arrive with tessel-gpu)",
-            a.target
-        );
+            "unknown --target `{s}`: use cpu or one of {}",
+            known.join(", ")
+        )
     }
+
+    /// The target string records carry.
+    pub fn label(&self) -> String {
+        match self {
+            TuneTarget::Cpu => "cpu".into(),
+            TuneTarget::Sim(d) => format!("sim:{}", d.key),
+        }
+    }
+
+    pub fn instruction_set(&self) -> InstructionSet {
+        match self {
+            TuneTarget::Cpu => InstructionSet::Host,
+            TuneTarget::Sim(d) => InstructionSet::Gpu { cc: d.cc },
+        }
+    }
+}
+
+/// The device's peak for a record's mapping (Tensor Cores of its input type, or the CUDA
+/// cores' fp32 FMA for SIMT kernels), GFLOP/s.
+fn sim_peak_gflops(d: &tessel_gpu::DeviceSpec, mapping: &Option<String>) -> Option<f64> {
+    let catalog = Catalog::default();
+    let macs = match instruction_of(mapping).and_then(|id| catalog.get(id)) {
+        Some(i) => d.tc_macs_per_s(i.a),
+        None => d.fp32 * d.sms as f64 * d.clock_ghz * 1e9,
+    };
+    (macs > 0.0).then_some(2.0 * macs / 1e9)
+}
+
+/// GFLOP/s peak for a record's mapping label.
+type PeakOf = Box<dyn Fn(&Option<String>) -> Option<f64>>;
+
+pub fn tune(a: TuneArgs) -> Result<()> {
+    let target = TuneTarget::parse(&a.target)?;
     // Load the model before anything slow, so a bad file fails at once.
     let learned = match a.model.as_deref() {
         Some("none") | Some("random") => None,
-        // The shipped model, where this checkout has one of this feature schema.
-        None => shipped_model(),
+        // The shipped model, where this checkout has one of this feature schema; it was
+        // trained on CPU measurements, so GPU targets start from the random ranking.
+        None if matches!(target, TuneTarget::Cpu) => shipped_model(),
+        None => None,
         Some(path) => {
             let model = tessel_model::Model::load(Path::new(path))
                 .with_context(|| format!("--model {path}"))?;
@@ -92,7 +150,7 @@ pub fn tune(a: TuneArgs) -> Result<()> {
     if a.trials == 0 {
         bail!("--trials must be at least 1");
     }
-    let set = InstructionSet::Host;
+    let set = target.instruction_set();
     let (label, mut tasks) = match (&a.workload, &a.network) {
         (Some(spec), None) => {
             let w: Workload = spec
@@ -119,32 +177,52 @@ pub fn tune(a: TuneArgs) -> Result<()> {
             }
         }
     }
-    let mut measurer = cpu::measurer(a.threads, false)?;
-    let fingerprint = measurer.fingerprint().clone();
-    let peaks = tessel_cpu::peak::measure_peaks(
-        measurer.compiler(),
-        &tessel_search::CPU_INSTRUCTIONS,
-        a.threads,
-    )?;
-    let peak_of = |mapping: &Option<String>| -> Option<f64> {
-        let id = instruction_of(mapping).unwrap_or_else(|| {
-            // The fallback's code is vectorized f32 arithmetic: the widest FMA is its peak.
-            if peaks
-                .measured
-                .iter()
-                .any(|p| p.intrinsic == "avx512.vfmadd231ps")
-            {
-                "avx512.vfmadd231ps"
-            } else {
-                "avx2.vfmadd231ps"
+    let (mut measurer, peak_of): (Box<dyn Measurer>, PeakOf) = match &target {
+        TuneTarget::Cpu => {
+            let measurer = cpu::measurer(a.threads, false)?;
+            let peaks = tessel_cpu::peak::measure_peaks(
+                measurer.compiler(),
+                &tessel_search::CPU_INSTRUCTIONS,
+                a.threads,
+            )?;
+            let peak_of = move |mapping: &Option<String>| -> Option<f64> {
+                let id = instruction_of(mapping).unwrap_or_else(|| {
+                    // The fallback's code is vectorized f32 arithmetic: the widest FMA
+                    // is its peak.
+                    if peaks
+                        .measured
+                        .iter()
+                        .any(|p| p.intrinsic == "avx512.vfmadd231ps")
+                    {
+                        "avx512.vfmadd231ps"
+                    } else {
+                        "avx2.vfmadd231ps"
+                    }
+                });
+                peaks
+                    .measured
+                    .iter()
+                    .find(|p| p.intrinsic == id)
+                    .map(|p| p.gops)
+            };
+            (Box::new(measurer), Box::new(peak_of))
+        }
+        TuneTarget::Sim(d) => {
+            if !a.json {
+                eprintln!(
+                    "note: {} is the analytical model of {}: latencies are estimates, not measurements",
+                    target.label(),
+                    d.name
+                );
             }
-        });
-        peaks
-            .measured
-            .iter()
-            .find(|p| p.intrinsic == id)
-            .map(|p| p.gops)
+            let dev = d.clone();
+            (
+                Box::new(tessel_gpu::SimMeasurer::new(d.clone())),
+                Box::new(move |m: &Option<String>| sim_peak_gflops(&dev, m)),
+            )
+        }
     };
+    let fingerprint = measurer.fingerprint().clone();
 
     let mut model: Box<dyn CostModel> = match learned {
         None => Box::new(RandomModel::new(a.seed)),
@@ -173,7 +251,8 @@ pub fn tune(a: TuneArgs) -> Result<()> {
         None => (None, Vec::new()),
     };
     let start = Instant::now();
-    let mut tuner = Tuner::new(&mut measurer, model.as_mut(), log, "cpu", opts);
+    let target_label = target.label();
+    let mut tuner = Tuner::new(measurer.as_mut(), model.as_mut(), log, &target_label, opts);
     tuner.resume(&mut tasks, &resumed);
     let bar = ProgressBar::new(a.trials as u64);
     bar.set_style(
@@ -236,7 +315,7 @@ pub fn tune(a: TuneArgs) -> Result<()> {
     };
     let report = TuneReport {
         workload: label.clone(),
-        target: "cpu".into(),
+        target: target_label.clone(),
         model: model_name.clone(),
         latency_ms: latency_s.map(|l| l * 1e3),
         gflops,
@@ -251,10 +330,16 @@ pub fn tune(a: TuneArgs) -> Result<()> {
         tasks: task_reports,
     };
     if !a.json {
-        println!(
-            "{label} on {} ({} thread(s)), cost model: {model_name}",
-            fingerprint.model, a.threads
-        );
+        match &target {
+            TuneTarget::Cpu => println!(
+                "{label} on {} ({} thread(s)), cost model: {model_name}",
+                fingerprint.model, a.threads
+            ),
+            TuneTarget::Sim(_) => println!(
+                "{label} on {} [estimates, not measurements], cost model: {model_name}",
+                fingerprint.model
+            ),
+        }
         println!(
             "{:>6} {:>7} {:>10} {:>9} {:>7}  workload / best mapping",
             "weight", "trials", "best ms", "GFLOP/s", "% peak"

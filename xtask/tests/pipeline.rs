@@ -193,3 +193,87 @@ fn a_corrupt_dataset_is_an_error_naming_the_record() {
     );
     assert!(err.contains("--shard"), "{err}");
 }
+
+#[test]
+fn gpu_model_targets_run_the_whole_pipeline() {
+    // The analytical GPU model stands in for a GPU: dataset on two devices, pretrain on one,
+    // transfer to the other, tune; every record says `sim`.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pipeline-sim");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (target, out) in [("sim:a100", "a100.jsonl"), ("sim:l4", "l4.jsonl")] {
+        let text = run(
+            &[
+                "dataset",
+                "--target",
+                target,
+                "--network",
+                "bert-base-128",
+                "--per-task",
+                "16",
+                "--out",
+                out,
+            ],
+            &dir,
+        );
+        assert!(text.contains("analytical model"), "{text}");
+    }
+    let a100 = std::fs::read_to_string(dir.join("a100.jsonl")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(a100.lines().next().unwrap()).unwrap();
+    assert_eq!(first["fingerprint"]["kind"], "sim");
+    assert_eq!(first["target"], "sim:a100");
+    let small = [
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--epochs",
+        "2",
+    ];
+    let mut args = vec!["pretrain", "--data", "a100.jsonl", "--out", "m/a100"];
+    args.extend(small);
+    run(&args, &dir);
+    let text = run(
+        &[
+            "transfer", "--model", "m/a100", "--data", "l4.jsonl", "--shots", "8", "--out", "m/l4",
+            "--epochs", "1", "--json",
+        ],
+        &dir,
+    );
+    let report: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(report["shots"], 8);
+    let text = run(
+        &[
+            "tune",
+            "--target",
+            "sim:h100",
+            "--workload",
+            "gemm:m=1024,n=1024,k=1024,dtype=f16",
+            "--trials",
+            "48",
+            "--model",
+            "m/a100.safetensors",
+            "--json",
+        ],
+        &dir,
+    );
+    let report: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(report["target"], "sim:h100");
+    assert!(report["gflops"].as_f64().unwrap() > 1000.0, "{report}");
+    let e = fails(
+        &[
+            "tune",
+            "--target",
+            "sim:b200",
+            "--workload",
+            "gemm:m=8,n=8,k=8",
+        ],
+        &dir,
+    );
+    assert!(
+        e.contains("unknown GPU `b200`") && e.contains("a100"),
+        "{e}"
+    );
+}

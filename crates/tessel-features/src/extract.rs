@@ -739,7 +739,7 @@ fn compute_token(
     let (m, n, k, peak, flops) = match site.kind {
         SiteKind::Tensorized => {
             let (_, intr) = site.call.expect("tensorized sites carry their call");
-            let peak = intr.throughput.map_or(0.0, |t| t.macs_per_cycle);
+            let peak = target.macs_per_cycle(intr);
             let macs = (intr.m * intr.n * intr.k) as f64;
             (intr.m, intr.n, intr.k, peak, 2.0 * macs * invocations)
         }

@@ -31,9 +31,26 @@ pub struct Target {
     pub l2_bw_gbs: f64,
     /// The catalog instructions this target runs.
     pub instructions: Vec<String>,
+    /// This GPU's Tensor Core rate per SM relative to the catalog's figure (A100-class
+    /// parts 1, V100 and Ada 0.5, Hopper 2); 1 on CPUs.
+    #[serde(default = "one")]
+    pub matrix_scale: f64,
     /// The hardware token, built on first use (build a new target rather than editing one).
     #[serde(skip)]
     pub(crate) token: std::sync::OnceLock<Vec<f32>>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// `key=value` entries of a fingerprint's feature list (GPU fingerprints carry their clock,
+/// bandwidths and Tensor Core rate this way).
+fn figure(fp: &HardwareFingerprint, key: &str) -> Option<f64> {
+    fp.features.iter().find_map(|f| {
+        let (k, v) = f.split_once('=')?;
+        (k == key).then(|| v.parse().ok()).flatten()
+    })
 }
 
 /// Nominal figures where a fingerprint has none: one core of a current server part.
@@ -86,6 +103,7 @@ impl Target {
             memory_bw_gbs: (DRAM_GBS_PER_CORE * cores as f64).min(DRAM_GBS_MAX),
             l2_bw_gbs: L2_BYTES_PER_CYCLE * clock_ghz * cores as f64,
             instructions,
+            matrix_scale: 1.0,
             token: Default::default(),
         }
     }
@@ -127,6 +145,7 @@ impl Target {
             memory_bw_gbs,
             l2_bw_gbs,
             instructions,
+            matrix_scale: 1.0,
             token: Default::default(),
         }
     }
@@ -150,16 +169,18 @@ impl Target {
                 })?;
                 let shared = fp.caches.get("shared").copied().unwrap_or(100 << 10);
                 let l2 = fp.caches.get("l2").copied().unwrap_or(40 << 20);
-                Ok(Target::gpu(
+                let mut t = Target::gpu(
                     &fp.model,
                     cc,
                     fp.cores_used,
-                    1.5,
+                    figure(fp, "clock_ghz").unwrap_or(1.5),
                     shared,
                     l2,
-                    1500.0,
-                    5000.0,
-                ))
+                    figure(fp, "dram_gbs").unwrap_or(1500.0),
+                    figure(fp, "l2_gbs").unwrap_or(5000.0),
+                );
+                t.matrix_scale = figure(fp, "tc_scale").unwrap_or(1.0);
+                Ok(t)
             }
             other => Err(FeatureError::Target(format!(
                 "unknown target kind `{other}` (expected cpu, gpu or sim)"
@@ -193,8 +214,18 @@ impl Target {
     pub fn peak(&self, pick: impl Fn(&Intrinsic) -> bool) -> f64 {
         self.intrinsics()
             .filter(|i| pick(i))
-            .filter_map(|i| i.throughput.map(|t| t.macs_per_cycle))
+            .map(|i| self.macs_per_cycle(i))
             .fold(0.0, f64::max)
+    }
+
+    /// An instruction's MAC/cycle/core on this target (0 when the catalog has no figure).
+    pub fn macs_per_cycle(&self, i: &Intrinsic) -> f64 {
+        let base = i.throughput.map_or(0.0, |t| t.macs_per_cycle);
+        if i.platform == Platform::Nvidia {
+            base * self.matrix_scale
+        } else {
+            base
+        }
     }
 
     /// Peaks by input type and for matrix instructions, in schema order (f32, bf16, f16, int8,

@@ -11,6 +11,10 @@ use tessel_measure::HardwareFingerprint;
 
 use crate::error::GpuError;
 
+/// The catalog's fp16 Tensor Core figure (MAC per SM per clock, an A100's); a device's
+/// `tc_scale` is its own rate over this.
+const CATALOG_TC_F16: f64 = 1024.0;
+
 /// One GPU, as the analytical model sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DeviceSpec {
@@ -61,7 +65,14 @@ impl DeviceSpec {
             model: format!("{} (analytical model)", self.name),
             vendor: "NVIDIA".into(),
             version: format!("{}.{}", self.cc.0, self.cc.1),
-            features: vec![format!("sm_{}{}", self.cc.0, self.cc.1)],
+            // Figures the features read (tessel-features' `Target::from_fingerprint`).
+            features: vec![
+                format!("sm_{}{}", self.cc.0, self.cc.1),
+                format!("clock_ghz={}", self.clock_ghz),
+                format!("dram_gbs={}", self.dram_gbs),
+                format!("l2_gbs={:.0}", self.l2_bytes_per_clock * self.clock_ghz),
+                format!("tc_scale={}", self.tc_f16 / CATALOG_TC_F16),
+            ],
             cores_used: self.sms,
             cores_available: self.sms,
             caches,

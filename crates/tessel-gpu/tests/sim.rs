@@ -131,3 +131,21 @@ fn every_device_is_known_by_its_short_name() {
         "{e}"
     );
 }
+
+#[test]
+fn fingerprints_carry_the_figures_the_features_read() {
+    let target = |name: &str| {
+        tessel_features::Target::from_fingerprint(&device(name).unwrap().fingerprint()).unwrap()
+    };
+    let (v100, a100, h100) = (target("v100"), target("a100"), target("h100"));
+    // fp16 Tensor Core MAC per SM per clock: 512, 1024, 2048.
+    assert_eq!(
+        [v100.peaks()[2], a100.peaks()[2], h100.peaks()[2]],
+        [512.0, 1024.0, 2048.0]
+    );
+    assert_eq!(
+        (a100.cores, a100.clock_ghz, a100.memory_bw_gbs),
+        (108, 1.41, 2039.0)
+    );
+    assert!(h100.l2_bw_gbs > a100.l2_bw_gbs);
+}
