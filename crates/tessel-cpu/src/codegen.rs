@@ -679,15 +679,7 @@ impl<'p> Gen<'p> {
                             reason: "a bias of the epilogue has no buffer".into(),
                         })?;
                     next_bias += 1;
-                    let index = b
-                        .indices
-                        .iter()
-                        .map(|a| {
-                            a.terms.iter().fold(Expr::Const(a.constant), |e, &(v, c)| {
-                                Expr::sum(e, Expr::scaled(point[v].clone(), c))
-                            })
-                        })
-                        .collect();
+                    let index = b.indices.iter().map(|a| a.at(point)).collect();
                     let r = BufferRef { buffer, index };
                     let bv = self.read_as(&r, ct);
                     let s = if ct == DType::I32 {

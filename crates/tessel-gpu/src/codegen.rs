@@ -92,18 +92,9 @@ pub fn physical_layouts(p: &Program) -> Vec<(Vec<i64>, u64)> {
         if b.scope.as_str() != "shared" {
             continue;
         }
-        let mut flat = Expr::Const(0);
-        for (i, s) in src.index.iter().zip(&out[src.buffer].0) {
-            flat = Expr::sum(flat, Expr::scaled(i.clone(), *s));
-        }
-        let coeff = |v: usize| {
-            let mut z = vec![0i64; p.vars.len()];
-            let base = flat.eval(&z);
-            z[v] = 1;
-            flat.eval(&z) - base
-        };
+        let flat = flat_index(&src, &out[src.buffer].0);
         let contiguous = dst.index.iter().rposition(|e| match e {
-            Expr::Var(v) => coeff(*v) == 1,
+            Expr::Var(v) => flat.coefficient(*v, p.vars.len()) == 1,
             _ => false,
         });
         let mut order: Vec<usize> = (0..b.shape.len()).collect();
@@ -572,11 +563,7 @@ impl Emitter<'_> {
 
     /// The flat element index of a reference in the buffer's physical layout.
     fn flat(&self, r: &BufferRef) -> Expr {
-        let mut e = Expr::Const(0);
-        for (i, s) in r.index.iter().zip(&self.strides[r.buffer]) {
-            e = Expr::sum(e, Expr::scaled(i.clone(), *s));
-        }
-        e
+        flat_index(r, &self.strides[r.buffer])
     }
 
     fn element(&self, r: &BufferRef) -> String {
@@ -860,14 +847,7 @@ impl Emitter<'_> {
         let width = 16 / bytes.max(1);
         // Linear coefficients of the flat source and destination indices.
         let (sf, df) = (self.flat(src), self.flat(dst));
-        let coeff = |e: &Expr, v: usize| {
-            let mut z = vec![0i64; self.p.vars.len()];
-            let b = e.eval(&z);
-            if v < z.len() {
-                z[v] = 1;
-            }
-            e.eval(&z) - b
-        };
+        let coeff = |e: &Expr, v: usize| e.coefficient(v, self.p.vars.len());
         // Walk the source's contiguous dimension innermost: consecutive threads then read
         // consecutive addresses (coalesced), 16 bytes each where possible.
         let mut loops = loops.to_vec();
@@ -1039,13 +1019,7 @@ impl Emitter<'_> {
         cols: usize,
     ) -> Result<(String, i64, bool), GpuError> {
         let f = self.flat(r);
-        let n = self.p.vars.len();
-        let coeff = |v: usize| {
-            let mut z = vec![0i64; n];
-            let b = f.eval(&z);
-            z[v] = 1;
-            f.eval(&z) - b
-        };
+        let coeff = |v: usize| f.coefficient(v, self.p.vars.len());
         let (cr, cc) = (coeff(rows), coeff(cols));
         let (ld, row_major) = match (cr, cc) {
             (_, 1) => (cr, true),
@@ -1295,15 +1269,7 @@ impl Emitter<'_> {
                         reason: "a bias of the epilogue has no buffer".into(),
                     })?;
                     next_bias += 1;
-                    let index = b
-                        .indices
-                        .iter()
-                        .map(|a| {
-                            a.terms.iter().fold(Expr::Const(a.constant), |e, &(v, c)| {
-                                Expr::sum(e, Expr::scaled(point[v].clone(), c))
-                            })
-                        })
-                        .collect();
+                    let index = b.indices.iter().map(|a| a.at(point)).collect();
                     let r = BufferRef { buffer, index };
                     let l = format!("v += {};  // bias", self.read_compute(&r));
                     self.line(&l);
@@ -1337,8 +1303,17 @@ impl Emitter<'_> {
     }
 }
 
+/// The flat element index of `r` in a layout with these element strides.
+pub(crate) fn flat_index(r: &BufferRef, strides: &[i64]) -> Expr {
+    let mut e = Expr::Const(0);
+    for (i, s) in r.index.iter().zip(strides) {
+        e = Expr::sum(e, Expr::scaled(i.clone(), *s));
+    }
+    e
+}
+
 /// A chain of loops ending in one copy: the loops (variable, extent) and the copy.
-fn copy_nest(l: &For) -> Option<(Vec<(usize, u64)>, &Stmt)> {
+pub(crate) fn copy_nest(l: &For) -> Option<(Vec<(usize, u64)>, &Stmt)> {
     let mut loops = vec![(l.var, l.extent)];
     let mut s = &*l.body;
     loop {

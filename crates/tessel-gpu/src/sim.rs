@@ -18,7 +18,7 @@ use tessel_measure::{
     Measurer, Timing,
 };
 
-use crate::codegen::{Kernel, generate, physical_layouts};
+use crate::codegen::{Kernel, copy_nest, flat_index, generate, physical_layouts};
 use crate::device::DeviceSpec;
 use crate::error::GpuError;
 
@@ -69,20 +69,9 @@ struct Walk<'a> {
     c: Counts,
 }
 
-fn coeff(e: &Expr, v: usize, n: usize) -> i64 {
-    let mut z = vec![0i64; n];
-    let b = e.eval(&z);
-    z[v] = 1;
-    e.eval(&z) - b
-}
-
 impl Walk<'_> {
     fn flat(&self, r: &BufferRef) -> Expr {
-        let mut e = Expr::Const(0);
-        for (i, s) in r.index.iter().zip(&self.layouts[r.buffer].0) {
-            e = Expr::sum(e, Expr::scaled(i.clone(), *s));
-        }
-        e
+        flat_index(r, &self.layouts[r.buffer].0)
     }
 
     fn scope(&self, r: &BufferRef) -> &str {
@@ -117,7 +106,7 @@ impl Walk<'_> {
                     let n = self.p.vars.len();
                     let run = nest
                         .iter()
-                        .find(|&&(v, _)| coeff(&sf, v, n) == 1)
+                        .find(|&&(v, _)| sf.coefficient(v, n) == 1)
                         .map_or(bytes, |&(_, e)| e as f64 * bytes);
                     let waste = (32.0 / run.min(32.0)).min(8.0);
                     self.c.global_bytes += serial * elements * bytes * waste;
@@ -179,7 +168,7 @@ impl Walk<'_> {
                     let bytes = loads * elems as f64 * self.bytes(r);
                     if self.scope(r) == "shared" {
                         let f = self.flat(r);
-                        let (cr, cc) = (coeff(&f, rows, n), coeff(&f, cols, n));
+                        let (cr, cc) = (f.coefficient(rows, n), f.coefficient(cols, n));
                         let ld = if cc == 1 { cr } else { cc };
                         let conflict = bank_conflict(ld * self.bytes(r) as i64);
                         self.c.shared_bytes += bytes * conflict;
@@ -251,19 +240,11 @@ fn gcd(a: u64, b: u64) -> u64 {
 type SharedCopy = (Vec<(usize, u64)>, BufferRef, BufferRef);
 
 fn shared_copy(l: &tessel_ir::For, p: &Program) -> Option<SharedCopy> {
-    let mut nest = vec![(l.var, l.extent)];
-    let mut s = &*l.body;
-    loop {
-        match s {
-            Stmt::For(f) => {
-                nest.push((f.var, f.extent));
-                s = &f.body;
-            }
-            Stmt::Copy { dst, src, .. } if p.buffers[dst.buffer].scope.as_str() == "shared" => {
-                return Some((nest, dst.clone(), src.clone()));
-            }
-            _ => return None,
+    match copy_nest(l)? {
+        (nest, Stmt::Copy { dst, src, .. }) if p.buffers[dst.buffer].scope.as_str() == "shared" => {
+            Some((nest, dst.clone(), src.clone()))
         }
+        _ => None,
     }
 }
 

@@ -87,6 +87,19 @@ impl Expr {
         }
     }
 
+    /// How much the expression grows when loop variable `var` grows by one (of `vars`
+    /// variables), measured from the all-zero point: exact for affine expressions; 0 for a
+    /// variable out of range.
+    pub fn coefficient(&self, var: usize, vars: usize) -> i64 {
+        let mut point = vec![0i64; vars];
+        let base = self.eval(&point);
+        match point.get_mut(var) {
+            Some(x) => *x = 1,
+            None => return 0,
+        }
+        self.eval(&point) - base
+    }
+
     pub fn uses(&self, var: usize) -> bool {
         let mut v = Vec::new();
         self.collect_vars(&mut v);

@@ -109,6 +109,17 @@ impl AffineExpr {
         self.coeff(var) != 0
     }
 
+    /// This expression with each operator variable `v` replaced by `point[v]` (an index
+    /// expression over loop variables), as code generators read biases at a store's point.
+    pub fn at(&self, point: &[crate::Expr]) -> crate::Expr {
+        use crate::Expr;
+        self.terms
+            .iter()
+            .fold(Expr::Const(self.constant), |e, &(v, c)| {
+                Expr::sum(e, Expr::scaled(point[v].clone(), c))
+            })
+    }
+
     pub fn eval(&self, values: &[i64]) -> i64 {
         self.terms.iter().map(|&(v, c)| c * values[v]).sum::<i64>() + self.constant
     }

@@ -130,6 +130,36 @@ fn capacity_checks_reject_register_blocks_that_do_not_fit() {
     assert!(e.contains("8 accumulators"), "{e}");
 }
 
+/// A sampled schedule and two mutations of it, where they lower, compute what the reference
+/// computes (tessel-ir's interpreter runs the instructions' semantics) within `tolerance`.
+fn sampled_and_mutated_schedules_agree(
+    spec: &str,
+    set: &InstructionSet,
+    seed: u64,
+    tolerance: f64,
+) -> Result<(), TestCaseError> {
+    let op = spec.parse::<Workload>().unwrap().to_op();
+    let space = Space::new(&op, set);
+    let mut rng = Rng::new(seed);
+    let inputs: Vec<TensorData> = op
+        .read_operands()
+        .iter()
+        .enumerate()
+        .map(|(i, o)| TensorData::random(o.tensor.shape.clone(), o.tensor.dtype, i as u64))
+        .collect();
+    let want = op.reference(&inputs).unwrap();
+    let mut s = space.sample(&mut rng);
+    for _ in 0..3 {
+        if let Ok((trace, program)) = space.lower(&s) {
+            let got = program.run(&inputs).unwrap();
+            let err = got.max_relative_error(&want);
+            prop_assert!(err < tolerance, "{spec}: error {err}\n{trace}");
+        }
+        s = space.mutate(&s, &mut rng);
+    }
+    Ok(())
+}
+
 fn arb_small() -> impl Strategy<Value = String> {
     prop_oneof![
         (1u64..40, 1u64..40, 1u64..70)
@@ -152,22 +182,7 @@ proptest! {
     /// the instructions' semantics).
     #[test]
     fn sampled_schedules_compute_the_operator(spec in arb_small(), seed in any::<u64>()) {
-        let op = spec.parse::<Workload>().unwrap().to_op();
-        let space = Space::new(&op, &all_cpu());
-        let mut rng = Rng::new(seed);
-        let inputs: Vec<TensorData> = op.read_operands().iter().enumerate()
-            .map(|(i, o)| TensorData::random(o.tensor.shape.clone(), o.tensor.dtype, i as u64))
-            .collect();
-        let want = op.reference(&inputs).unwrap();
-        let mut s = space.sample(&mut rng);
-        for _ in 0..3 {
-            if let Ok((trace, program)) = space.lower(&s) {
-                let got = program.run(&inputs).unwrap();
-                let err = got.max_relative_error(&want);
-                prop_assert!(err < 1e-5, "{spec}: error {err}\n{trace}");
-            }
-            s = space.mutate(&s, &mut rng);
-        }
+        sampled_and_mutated_schedules_agree(&spec, &all_cpu(), seed, 1e-5)?;
     }
 }
 
@@ -318,22 +333,7 @@ proptest! {
     /// in tessel-ir's sequential semantics.
     #[test]
     fn sampled_gpu_schedules_compute_the_operator(spec in arb_small_gpu(), seed in any::<u64>()) {
-        let op = spec.parse::<Workload>().unwrap().to_op();
-        let space = Space::new(&op, &InstructionSet::Gpu { cc: (8, 0) });
-        let mut rng = Rng::new(seed);
-        let inputs: Vec<TensorData> = op.read_operands().iter().enumerate()
-            .map(|(i, o)| TensorData::random(o.tensor.shape.clone(), o.tensor.dtype, i as u64))
-            .collect();
-        let want = op.reference(&inputs).unwrap();
-        let mut s = space.sample(&mut rng);
-        for _ in 0..3 {
-            if let Ok((trace, program)) = space.lower(&s) {
-                let got = program.run(&inputs).unwrap();
-                let err = got.max_relative_error(&want);
-                prop_assert!(err < 1e-3, "{spec}: error {err}\n{trace}");
-            }
-            s = space.mutate(&s, &mut rng);
-        }
+        sampled_and_mutated_schedules_agree(&spec, &InstructionSet::Gpu { cc: (8, 0) }, seed, 1e-3)?;
     }
 }
 
