@@ -53,43 +53,17 @@ impl Drop for AlignedBuf {
 
 /// The bytes of `t` in its dtype's machine format (little endian; bf16 and f16 as bits).
 pub fn encode(t: &TensorData) -> AlignedBuf {
-    let w = t.dtype.bytes();
-    let mut b = AlignedBuf::zeroed(t.data.len() * w);
-    let s = b.as_mut_slice();
-    for (i, &v) in t.data.iter().enumerate() {
-        let at = &mut s[i * w..(i + 1) * w];
-        match t.dtype {
-            DType::BF16 => at.copy_from_slice(&half::bf16::from_f64(v).to_bits().to_le_bytes()),
-            DType::F16 => at.copy_from_slice(&half::f16::from_f64(v).to_bits().to_le_bytes()),
-            DType::F32 => at.copy_from_slice(&(v as f32).to_le_bytes()),
-            DType::I8 => at[0] = (v as i8) as u8,
-            DType::U8 => at[0] = v as u8,
-            DType::I32 => at.copy_from_slice(&(v as i32).to_le_bytes()),
-        }
-    }
+    let mut b = AlignedBuf::zeroed(t.data.len() * t.dtype.bytes());
+    t.write_le_bytes(b.as_mut_slice());
     b
 }
 
-/// The tensor held by `bytes` (the inverse of [`encode`]).
+/// The tensor held by `bytes` (the inverse of [`encode`]); missing bytes read as zeros.
 pub fn decode(bytes: &[u8], shape: Vec<u64>, dtype: DType) -> TensorData {
-    let w = dtype.bytes();
-    let n = shape.iter().product::<u64>() as usize;
-    let data = (0..n)
-        .map(|i| {
-            let at = &bytes[i * w..(i + 1) * w];
-            let two = || u16::from_le_bytes([at[0], at[1]]);
-            let four = || [at[0], at[1], at[2], at[3]];
-            match dtype {
-                DType::BF16 => half::bf16::from_bits(two()).to_f64(),
-                DType::F16 => half::f16::from_bits(two()).to_f64(),
-                DType::F32 => f32::from_le_bytes(four()) as f64,
-                DType::I8 => at[0] as i8 as f64,
-                DType::U8 => at[0] as f64,
-                DType::I32 => i32::from_le_bytes(four()) as f64,
-            }
-        })
-        .collect();
-    TensorData { shape, dtype, data }
+    let n = shape.iter().product::<u64>() as usize * dtype.bytes();
+    let mut exact = bytes[..n.min(bytes.len())].to_vec();
+    exact.resize(n, 0);
+    TensorData::from_le_bytes(&exact, shape, dtype).expect("sized to the shape above")
 }
 
 #[cfg(test)]

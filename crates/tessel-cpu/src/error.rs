@@ -32,24 +32,7 @@ pub enum CompileError {
     },
 }
 
-/// Why the measurement worker could not be used.
-#[derive(Debug, thiserror::Error)]
-pub enum WorkerError {
-    #[error("cannot start the measurement worker `{program}`: {source}")]
-    Spawn {
-        program: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("the worker died: {status}")]
-    Died { status: String },
-    #[error("the worker did not answer within {seconds:.1} s")]
-    Timeout { seconds: f64 },
-    #[error("the worker's pipe failed: {0}")]
-    Pipe(#[source] std::io::Error),
-    #[error("the worker sent an unreadable reply: {0}")]
-    Protocol(String),
-}
+pub use tessel_measure::worker::WorkerError;
 
 /// Why the CPU measurer could not be set up.
 #[derive(Debug, thiserror::Error)]

@@ -12,7 +12,7 @@ use tessel_measure::{
 
 use crate::codegen::{Kernel, generate, module_source};
 use crate::compile::{Compiler, Library, Mode, content_key};
-use crate::error::{CompileError, CpuError, WorkerError};
+use crate::error::{CompileError, CpuError};
 use crate::fingerprint::fingerprint;
 use crate::worker::{Job, Reference, Reply, TimingOptions, Worker, WorkerCommand, tolerance};
 
@@ -298,17 +298,7 @@ impl CpuMeasurer {
                 })
             }
             Ok(Reply::Err { kind, message }) => Err(MeasureError::new(kind, message)),
-            Err(WorkerError::Died { status }) => Err(MeasureError::new(
-                MeasureErrorKind::Crash,
-                format!(
-                    "kernel `{}` took its worker down: {status}",
-                    job.kernel.name
-                ),
-            )),
-            Err(e @ WorkerError::Timeout { .. }) => {
-                Err(MeasureError::new(MeasureErrorKind::Timeout, e.to_string()))
-            }
-            Err(e) => Err(MeasureError::new(MeasureErrorKind::Runtime, e.to_string())),
+            Err(e) => Err(e.to_measure_error(&job.kernel.name)),
         }
     }
 }

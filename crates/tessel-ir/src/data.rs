@@ -14,6 +14,55 @@ pub struct TensorData {
 }
 
 impl TensorData {
+    /// Writes the elements in their dtype's machine format (little endian; bf16 and f16 as
+    /// bits) into `out`, which holds exactly `len * dtype.bytes()` bytes.
+    pub fn write_le_bytes(&self, out: &mut [u8]) {
+        let w = self.dtype.bytes();
+        for (at, &v) in out.chunks_exact_mut(w).zip(&self.data) {
+            match self.dtype {
+                DType::BF16 => at.copy_from_slice(&half::bf16::from_f64(v).to_bits().to_le_bytes()),
+                DType::F16 => at.copy_from_slice(&half::f16::from_f64(v).to_bits().to_le_bytes()),
+                DType::F32 => at.copy_from_slice(&(v as f32).to_le_bytes()),
+                DType::I8 => at[0] = (v as i8) as u8,
+                DType::U8 => at[0] = v as u8,
+                DType::I32 => at.copy_from_slice(&(v as i32).to_le_bytes()),
+            }
+        }
+    }
+
+    /// The elements in their machine format (see [`TensorData::write_le_bytes`]).
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        let mut out = vec![0; self.data.len() * self.dtype.bytes()];
+        self.write_le_bytes(&mut out);
+        out
+    }
+
+    /// The tensor held by `bytes` (the inverse of [`TensorData::write_le_bytes`]); `None` when
+    /// `bytes` is not exactly the size of `shape` in `dtype`.
+    pub fn from_le_bytes(bytes: &[u8], shape: Vec<u64>, dtype: DType) -> Option<TensorData> {
+        let w = dtype.bytes();
+        let n = shape.iter().product::<u64>() as usize;
+        if bytes.len() != n * w {
+            return None;
+        }
+        let data = bytes
+            .chunks_exact(w)
+            .map(|at| {
+                let two = || u16::from_le_bytes([at[0], at[1]]);
+                let four = || [at[0], at[1], at[2], at[3]];
+                match dtype {
+                    DType::BF16 => half::bf16::from_bits(two()).to_f64(),
+                    DType::F16 => half::f16::from_bits(two()).to_f64(),
+                    DType::F32 => f32::from_le_bytes(four()) as f64,
+                    DType::I8 => at[0] as i8 as f64,
+                    DType::U8 => at[0] as f64,
+                    DType::I32 => i32::from_le_bytes(four()) as f64,
+                }
+            })
+            .collect();
+        Some(TensorData { shape, dtype, data })
+    }
+
     pub fn zeros(shape: Vec<u64>, dtype: DType) -> Self {
         let n = shape.iter().product::<u64>() as usize;
         TensorData {

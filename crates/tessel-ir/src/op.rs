@@ -391,6 +391,56 @@ impl ComputeOp {
         Ok(result)
     }
 
+    /// One element of [`ComputeOp::reference`]: the output at `out_index`, summed over the
+    /// reduction variables in the same order (so it rounds the same way), then the epilogue.
+    /// Checks a few points of an operator too large to interpret whole.
+    pub fn reference_at(&self, inputs: &[TensorData], out_index: &[i64]) -> Result<f64, ExecError> {
+        self.check_inputs(inputs)?;
+        let out = &self.output.tensor;
+        let in_range = out_index.len() == out.shape.len()
+            && out_index
+                .iter()
+                .zip(&out.shape)
+                .all(|(&i, &n)| i >= 0 && (i as u64) < n);
+        if !in_range {
+            return Err(ExecError::OutOfBounds {
+                buffer: out.name.clone(),
+                index: out_index.to_vec(),
+            });
+        }
+        let mut point = vec![0i64; self.iter_vars.len()];
+        for (e, &i) in self.output.indices.iter().zip(out_index) {
+            point[e.terms[0].0] = i;
+        }
+        let reduce: Vec<usize> = (0..self.iter_vars.len())
+            .filter(|v| !self.output.indices.iter().any(|e| e.terms[0].0 == *v))
+            .collect();
+        let extents: Vec<u64> = reduce.iter().map(|&v| self.iter_vars[v].extent).collect();
+        let mut r = vec![0i64; reduce.len()];
+        let mut acc = 0.0;
+        let mut idx = Vec::new();
+        loop {
+            for (&v, &x) in reduce.iter().zip(&r) {
+                point[v] = x;
+            }
+            let mut prod = 1.0;
+            for (o, t) in self.inputs.iter().zip(inputs) {
+                idx.clear();
+                idx.extend(o.indices.iter().map(|e| e.eval(&point)));
+                prod *= t.get_or_zero(&idx);
+            }
+            acc = self.accumulator.round(acc + prod);
+            if !advance(&mut r, &extents) {
+                break;
+            }
+        }
+        let biases = &inputs[self.inputs.len()..];
+        let v = self.apply_epilogue(acc, &point, |b, idx| {
+            biases.get(b).map_or(0.0, |t| t.get_or_zero(idx))
+        });
+        Ok(out.dtype.round(v))
+    }
+
     /// `acc[out] += prod(inputs)` over the whole iteration space, rounding to the accumulator
     /// type after every addition; the semantics of a tensorized instruction on its tiles.
     pub fn accumulate(&self, inputs: &[TensorData], acc: &mut TensorData) -> Result<(), ExecError> {

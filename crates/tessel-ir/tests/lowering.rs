@@ -11,6 +11,30 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 1024, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
+    fn one_element_of_the_reference_is_the_reference_at_that_element(w in arb_workload(), seed in any::<u64>()) {
+        let op = w.to_op();
+        let inputs: Vec<tessel_ir::TensorData> = op
+            .read_operands()
+            .iter()
+            .enumerate()
+            .map(|(i, o)| tessel_ir::TensorData::random(o.tensor.shape.clone(), o.tensor.dtype, seed + i as u64))
+            .collect();
+        let whole = op.reference(&inputs).unwrap();
+        let shape = &op.output.tensor.shape;
+        let mut index = vec![0i64; shape.len()];
+        for at in 0..whole.data.len() {
+            let mut rest = at as u64;
+            for d in (0..shape.len()).rev() {
+                index[d] = (rest % shape[d]) as i64;
+                rest /= shape[d];
+            }
+            prop_assert_eq!(op.reference_at(&inputs, &index).unwrap(), whole.data[at], "{} at {:?}", w, index);
+        }
+        index[0] = shape[0] as i64;
+        prop_assert!(op.reference_at(&inputs, &index).is_err());
+    }
+
+    #[test]
     fn random_valid_traces_match_the_reference(w in arb_workload(), seed in any::<u64>()) {
         let op = w.to_op();
         let trace = random_valid_trace(&op, seed);

@@ -7,7 +7,8 @@
 //! candidate never stops the others. Every result is tied to a [`HardwareFingerprint`].
 //!
 //! The CPU backend (tessel-cpu) and the GPU backend implement [`Measurer`]; the search only
-//! sees this trait. The search ranks candidates before measuring them with a [`CostModel`]
+//! sees this trait. [`worker`] runs kernels in a child process, so a crash or a hang costs
+//! one candidate; [`check`] compares outputs with the reference the same way for all. The search ranks candidates before measuring them with a [`CostModel`]
 //! (random, analytical, or tessel-model's learned one), the other seam defined here.
 //!
 //! ```
@@ -32,6 +33,9 @@
 //! let results = m.measure(&[Candidate::new(op, tessel_ir::Trace::new())]);
 //! assert_eq!(results[0].as_ref().unwrap_err().kind, MeasureErrorKind::Unsupported);
 //! ```
+
+pub mod check;
+pub mod worker;
 
 use std::collections::BTreeMap;
 use std::fmt;
