@@ -65,14 +65,7 @@ impl DeviceSpec {
             model: format!("{} (analytical model)", self.name),
             vendor: "NVIDIA".into(),
             version: format!("{}.{}", self.cc.0, self.cc.1),
-            // Figures the features read (tessel-features' `Target::from_fingerprint`).
-            features: vec![
-                format!("sm_{}{}", self.cc.0, self.cc.1),
-                format!("clock_ghz={}", self.clock_ghz),
-                format!("dram_gbs={}", self.dram_gbs),
-                format!("l2_gbs={:.0}", self.l2_bytes_per_clock * self.clock_ghz),
-                format!("tc_scale={}", self.tc_f16 / CATALOG_TC_F16),
-            ],
+            features: gpu_features(self.cc, self.clock_ghz, self.dram_gbs, Some(self)),
             cores_used: self.sms,
             cores_available: self.sms,
             caches,
@@ -239,4 +232,56 @@ pub fn device(name: &str) -> Result<DeviceSpec, GpuError> {
             name: name.to_string(),
             known: all.iter().map(|d| d.key).collect::<Vec<_>>().join(", "),
         })
+}
+
+/// The figures GPU fingerprints carry for the features (tessel-features'
+/// `Target::from_fingerprint`): the arch, the clock and DRAM bandwidth, and the L2 bandwidth and
+/// Tensor Core rate of `spec` (for a real GPU not in the table: typical figures of its
+/// compute capability).
+pub fn gpu_features(
+    cc: (u32, u32),
+    clock_ghz: f64,
+    dram_gbs: f64,
+    spec: Option<&DeviceSpec>,
+) -> Vec<String> {
+    let (l2_bytes_per_clock, tc_f16) = match spec {
+        Some(s) => (s.l2_bytes_per_clock, s.tc_f16),
+        None => match cc {
+            (7, _) => (2048.0, 512.0),
+            (8, 0) => (5120.0, 1024.0),
+            (8, _) => (2048.0, 512.0),
+            _ => (5120.0, 2048.0),
+        },
+    };
+    vec![
+        format!("sm_{}{}", cc.0, cc.1),
+        format!("clock_ghz={clock_ghz}"),
+        format!("dram_gbs={dram_gbs}"),
+        format!("l2_gbs={:.0}", l2_bytes_per_clock * clock_ghz),
+        format!("tc_scale={}", tc_f16 / CATALOG_TC_F16),
+    ]
+}
+
+/// The table's entry for a real GPU, by the name the driver reports ("NVIDIA H200",
+/// "NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090") and its compute capability.
+///
+/// ```
+/// use tessel_gpu::device::spec_for;
+/// assert_eq!(spec_for("NVIDIA H100 80GB HBM3", (9, 0)).unwrap().key, "h100");
+/// assert_eq!(spec_for("NVIDIA GeForce RTX 4090", (8, 9)).unwrap().key, "rtx4090");
+/// assert!(spec_for("NVIDIA L40S", (8, 9)).is_none());
+/// assert!(spec_for("NVIDIA H200", (8, 0)).is_none());
+/// ```
+pub fn spec_for(driver_name: &str, cc: (u32, u32)) -> Option<DeviceSpec> {
+    // Words, and pairs of adjacent words ("RTX 4090"): "L40S" is not an "L4".
+    let words: Vec<String> = driver_name
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(|w| w.to_ascii_lowercase())
+        .collect();
+    let mut names = words.clone();
+    names.extend(words.windows(2).map(|w| format!("{}{}", w[0], w[1])));
+    devices()
+        .into_iter()
+        .find(|d| d.cc == cc && names.iter().any(|n| n == d.key))
 }

@@ -12,6 +12,9 @@ pub enum GpuError {
     /// The kernel does not fit on the device (threads, registers, shared memory).
     #[error("does not fit on {device}: {reason}")]
     DoesNotFit { device: String, reason: String },
+    /// No GPU to measure on: no driver, no device, or the worker could not open it.
+    #[error("no GPU to measure on: {0}")]
+    NoDevice(String),
     /// nvcc or ptxas is missing or failed.
     #[error("{0}")]
     Toolchain(String),

@@ -10,6 +10,9 @@
 //!   A100-80GB, L4, H100-SXM, H200 and RTX 4090. [`SimMeasurer`] implements the search's
 //!   `Measurer`; its fingerprint kind is `sim`, so its numbers are never taken for
 //!   measurements.
+//! - [`cuda`] (feature `cuda`): real measurement. Kernels are compiled to PTX (NVRTC, or nvcc)
+//!   and run by a worker process through the CUDA driver, loaded at run time (cudarc), checked
+//!   against the CPU reference and timed with CUDA events. The default build needs no CUDA.
 //!
 //! ```
 //! use tessel_search::{InstructionSet, Sketch, Space};
@@ -26,6 +29,8 @@
 //! ```
 
 pub mod codegen;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod device;
 mod error;
 pub mod nvcc;

@@ -66,6 +66,24 @@ impl Nvcc {
     /// Compiles `source` for `arch` (`sm_80`, `sm_90`) to a cubin and returns ptxas's report
     /// for `kernel`.
     pub fn compile(&self, source: &str, kernel: &str, arch: &str) -> Result<PtxasInfo, GpuError> {
+        let (log, _) = self.run(source, arch, &["-cubin", "-Xptxas", "-v"], "kernel.cubin")?;
+        parse_ptxas(&log, kernel, arch)
+    }
+
+    /// Compiles `source` to PTX for `arch`, the text the CUDA driver loads.
+    pub fn ptx(&self, source: &str, arch: &str) -> Result<String, GpuError> {
+        let (_, ptx) = self.run(source, arch, &["-ptx"], "kernel.ptx")?;
+        String::from_utf8(ptx).map_err(|_| GpuError::Toolchain("nvcc wrote non-UTF-8 PTX".into()))
+    }
+
+    /// Runs nvcc on `source` in a fresh temporary directory; its log and the output file.
+    fn run(
+        &self,
+        source: &str,
+        arch: &str,
+        flags: &[&str],
+        output: &str,
+    ) -> Result<(String, Vec<u8>), GpuError> {
         let dir = std::env::temp_dir().join(format!(
             "tessel-nvcc-{}-{}",
             std::process::id(),
@@ -76,11 +94,13 @@ impl Nvcc {
         std::fs::write(&cu, source).map_err(|e| GpuError::Toolchain(e.to_string()))?;
         let out = Command::new(&self.path)
             .arg(format!("-arch={arch}"))
-            .args(["-cubin", "-Xptxas", "-v", "-o"])
-            .arg(dir.join("kernel.cubin"))
+            .args(flags)
+            .arg("-o")
+            .arg(dir.join(output))
             .arg(&cu)
             .output()
             .map_err(|e| GpuError::Toolchain(format!("{}: {e}", self.path.display())));
+        let produced = std::fs::read(dir.join(output));
         let _ = std::fs::remove_dir_all(&dir);
         let out = out?;
         let log = String::from_utf8_lossy(&out.stderr).to_string()
@@ -90,7 +110,9 @@ impl Nvcc {
                 "nvcc -arch={arch} failed:\n{log}"
             )));
         }
-        parse_ptxas(&log, kernel, arch)
+        let produced =
+            produced.map_err(|e| GpuError::Toolchain(format!("nvcc wrote no {output}: {e}")))?;
+        Ok((log, produced))
     }
 }
 
