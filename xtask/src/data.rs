@@ -142,24 +142,44 @@ struct DatasetTarget {
 }
 
 fn dataset_target(a: &DatasetArgs) -> Result<DatasetTarget> {
-    if let TuneTarget::Sim(dev) = TuneTarget::parse(&a.target)? {
-        // On a GPU the platform is the networks' element type.
-        let dtype = a.platform.as_deref().unwrap_or("f16");
-        let dtype: DType = match dtype {
-            "f16" | "bf16" | "i8" | "f32" => dtype.parse()?,
-            other => bail!("--platform `{other}` on a GPU target: one of f16, bf16, i8, f32"),
-        };
-        if dtype == DType::BF16 && dev.tc_bf16 == 0.0 {
-            bail!("{} has no bf16 Tensor Cores", dev.name);
-        }
-        return Ok(DatasetTarget {
-            set: InstructionSet::Gpu { cc: dev.cc },
-            dtype,
-            label: format!("sim:{}", dev.key),
-            name: format!("{} {dtype} (analytical model)", dev.key),
-            measurer: Box::new(tessel_gpu::SimMeasurer::new(dev)),
-        });
+    let mut target = TuneTarget::parse(&a.target)?;
+    let gpu_measurer = target.take_gpu_measurer();
+    let (cc, bf16, label, device, measurer): (_, _, _, _, Box<dyn Measurer>) = match target {
+        TuneTarget::Cpu => return cpu_dataset_target(a),
+        TuneTarget::Sim(dev) => (
+            dev.cc,
+            dev.tc_bf16 > 0.0,
+            format!("sim:{}", dev.key),
+            format!("{} (analytical model)", dev.key),
+            Box::new(tessel_gpu::SimMeasurer::new(dev)),
+        ),
+        TuneTarget::Gpu { cc, name, .. } => (
+            cc,
+            cc.0 >= 8,
+            "gpu".to_string(),
+            name,
+            gpu_measurer.context("the GPU measurer was already used")?,
+        ),
+    };
+    // On a GPU the platform is the networks' element type.
+    let dtype = a.platform.as_deref().unwrap_or("f16");
+    let dtype: DType = match dtype {
+        "f16" | "bf16" | "i8" | "f32" => dtype.parse()?,
+        other => bail!("--platform `{other}` on a GPU target: one of f16, bf16, i8, f32"),
+    };
+    if dtype == DType::BF16 && !bf16 {
+        bail!("{device} has no bf16 Tensor Cores");
     }
+    Ok(DatasetTarget {
+        set: InstructionSet::Gpu { cc },
+        dtype,
+        label,
+        name: format!("{device} {dtype}"),
+        measurer,
+    })
+}
+
+fn cpu_dataset_target(a: &DatasetArgs) -> Result<DatasetTarget> {
     let platform = match &a.platform {
         Some(p) => platform(p)?,
         None => default_platform(),

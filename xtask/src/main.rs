@@ -279,6 +279,10 @@ enum Command {
     /// The CPU measurement worker (started by the tuner itself).
     #[command(hide = true)]
     CpuWorker,
+    /// The GPU measurement worker (started by the tuner itself; `--features cuda`).
+    #[cfg(feature = "cuda")]
+    #[command(hide = true)]
+    GpuWorker,
 }
 
 #[derive(Subcommand)]
@@ -340,6 +344,8 @@ fn main() -> std::process::ExitCode {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::CpuWorker => std::process::exit(tessel_cpu::worker::serve()),
+        #[cfg(feature = "cuda")]
+        Command::GpuWorker => std::process::exit(tessel_gpu::cuda::serve()),
         Command::Tune {
             workload,
             network,

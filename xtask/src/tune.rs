@@ -76,6 +76,40 @@ pub enum TuneTarget {
     Cpu,
     /// The analytical model of a GPU (`sim:NAME`): estimates, labelled as such.
     Sim(tessel_gpu::DeviceSpec),
+    /// This machine's NVIDIA GPU, measured (a build with `--features cuda`).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Gpu {
+        cc: (u32, u32),
+        name: String,
+        /// The model's table entry for this GPU, where it has one (for the peaks).
+        spec: Option<tessel_gpu::DeviceSpec>,
+        /// Taken by whoever measures.
+        measurer: Option<Box<dyn Measurer>>,
+    },
+}
+
+/// Opens GPU 0 through a worker process (this binary's hidden `gpu-worker`).
+#[cfg(feature = "cuda")]
+fn gpu_target() -> Result<TuneTarget> {
+    let worker = tessel_measure::worker::WorkerCommand::current_exe(&["gpu-worker"])
+        .context("cannot find the xtask executable")?;
+    let m =
+        tessel_gpu::cuda::CudaMeasurer::new(worker, Default::default()).context("--target gpu")?;
+    let cc = m.compute_capability();
+    let name = m.fingerprint().model.clone();
+    Ok(TuneTarget::Gpu {
+        cc,
+        spec: tessel_gpu::device::spec_for(&name, cc),
+        name,
+        measurer: Some(Box::new(m)),
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_target() -> Result<TuneTarget> {
+    bail!(
+        "--target gpu: real GPU measurement needs a build with `--features cuda` (cargo run --release -p xtask --features cuda -- ...) on a machine with an NVIDIA driver; use `sim:NAME` for the analytical model"
+    )
 }
 
 impl TuneTarget {
@@ -87,16 +121,14 @@ impl TuneTarget {
             return Ok(TuneTarget::Sim(tessel_gpu::device(name)?));
         }
         if s == "gpu" || s == "cuda" {
-            bail!(
-                "--target {s}: real GPU measurement needs a build with `--features cuda` on a machine with an NVIDIA driver; use `sim:NAME` for the analytical model"
-            );
+            return gpu_target();
         }
         let known: Vec<String> = tessel_gpu::devices()
             .iter()
             .map(|d| format!("sim:{}", d.key))
             .collect();
         bail!(
-            "unknown --target `{s}`: use cpu or one of {}",
+            "unknown --target `{s}`: use cpu, gpu or one of {}",
             known.join(", ")
         )
     }
@@ -106,6 +138,15 @@ impl TuneTarget {
         match self {
             TuneTarget::Cpu => "cpu".into(),
             TuneTarget::Sim(d) => format!("sim:{}", d.key),
+            TuneTarget::Gpu { .. } => "gpu".into(),
+        }
+    }
+
+    /// The measurer of a GPU target (once).
+    pub fn take_gpu_measurer(&mut self) -> Option<Box<dyn Measurer>> {
+        match self {
+            TuneTarget::Gpu { measurer, .. } => measurer.take(),
+            _ => None,
         }
     }
 
@@ -113,6 +154,7 @@ impl TuneTarget {
         match self {
             TuneTarget::Cpu => InstructionSet::Host,
             TuneTarget::Sim(d) => InstructionSet::Gpu { cc: d.cc },
+            TuneTarget::Gpu { cc, .. } => InstructionSet::Gpu { cc: *cc },
         }
     }
 }
@@ -132,7 +174,7 @@ fn sim_peak_gflops(d: &tessel_gpu::DeviceSpec, mapping: &Option<String>) -> Opti
 type PeakOf = Box<dyn Fn(&Option<String>) -> Option<f64>>;
 
 pub fn tune(a: TuneArgs) -> Result<()> {
-    let target = TuneTarget::parse(&a.target)?;
+    let mut target = TuneTarget::parse(&a.target)?;
     // Load the model before anything slow, so a bad file fails at once.
     let learned = match a.model.as_deref() {
         Some("none") | Some("random") => None,
@@ -177,6 +219,7 @@ pub fn tune(a: TuneArgs) -> Result<()> {
             }
         }
     }
+    let gpu_measurer = target.take_gpu_measurer();
     let (mut measurer, peak_of): (Box<dyn Measurer>, PeakOf) = match &target {
         TuneTarget::Cpu => {
             let measurer = cpu::measurer(a.threads, false)?;
@@ -219,6 +262,15 @@ pub fn tune(a: TuneArgs) -> Result<()> {
             (
                 Box::new(tessel_gpu::SimMeasurer::new(d.clone())),
                 Box::new(move |m: &Option<String>| sim_peak_gflops(&dev, m)),
+            )
+        }
+        TuneTarget::Gpu { spec, .. } => {
+            let spec = spec.clone();
+            (
+                gpu_measurer.context("the GPU measurer was already used")?,
+                Box::new(move |m: &Option<String>| {
+                    spec.as_ref().and_then(|d| sim_peak_gflops(d, m))
+                }),
             )
         }
     };
@@ -338,6 +390,10 @@ pub fn tune(a: TuneArgs) -> Result<()> {
             TuneTarget::Sim(_) => println!(
                 "{label} on {} [estimates, not measurements], cost model: {model_name}",
                 fingerprint.model
+            ),
+            TuneTarget::Gpu { name, .. } => println!(
+                "{label} on {name} (measured, {}), cost model: {model_name}",
+                fingerprint.compiler
             ),
         }
         println!(
@@ -471,7 +527,17 @@ pub fn best(log: &Path, emit: Option<&str>, json: bool) -> Result<()> {
                 let k = tessel_cpu::generate(&program, "kernel", &catalog)?;
                 println!("/* {workload} [{target}] */\n{}", k.source);
             }
-            Some("cuda") => bail!("--emit cuda needs the GPU backend (tessel-gpu), not built yet"),
+            Some("cuda") => {
+                let w: Workload = workload
+                    .parse()
+                    .with_context(|| format!("record workload `{workload}`"))?;
+                let program = r.trace.lower(&w.to_op(), &catalog)?;
+                let k = tessel_gpu::generate(&program, "kernel")?;
+                println!(
+                    "// {workload} [{target}]; launch with {} bytes of dynamic shared memory\n{}",
+                    k.shared_bytes, k.source
+                );
+            }
             Some(other) => bail!("--emit takes c, cuda or trace, not `{other}`"),
         }
     }

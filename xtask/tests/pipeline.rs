@@ -275,5 +275,30 @@ fn gpu_model_targets_run_the_whole_pipeline() {
     assert!(
         e.contains("unknown GPU `b200`") && e.contains("a100"),
         "{e}"
+    ); // The best record's kernel, as CUDA.
+    let mut args = vec![
+        "tune",
+        "--target",
+        "sim:a100",
+        "--workload",
+        "gemm:m=256,n=256,k=128,dtype=f16",
+    ];
+    args.extend(["--trials", "8", "--log", "a100-tune.jsonl"]);
+    run(&args, &dir);
+    let cuda = run(
+        &["best", "--log", "a100-tune.jsonl", "--emit", "cuda"],
+        &dir,
     );
+    assert!(
+        cuda.contains("[sim:a100]")
+            && cuda.contains("__global__")
+            && cuda.contains("dynamic shared memory"),
+        "{cuda}"
+    );
+    // A real GPU needs the cuda feature (and a GPU); either way the error says what is missing.
+    let e = fails(
+        &["tune", "--target", "gpu", "--workload", "gemm:m=8,n=8,k=8"],
+        &dir,
+    );
+    assert!(e.contains("--features cuda") || e.contains("no GPU"), "{e}");
 }
