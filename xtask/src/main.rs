@@ -4,6 +4,7 @@ mod cpu;
 mod data;
 mod features;
 mod plot;
+mod simcheck;
 mod tune;
 
 use std::path::PathBuf;
@@ -276,6 +277,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// How well the analytical GPU model (sim:DEVICE) ranks measured GPU records: top-k,
+    /// pairwise accuracy and Kendall tau per workload, beside a random ranking.
+    SimCheck {
+        /// Records measured on a GPU (`dataset --target gpu`).
+        #[arg(long)]
+        data: PathBuf,
+        /// The model's device, e.g. h200.
+        #[arg(long)]
+        device: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// The CPU measurement worker (started by the tuner itself).
     #[command(hide = true)]
     CpuWorker,
@@ -344,6 +357,7 @@ fn main() -> std::process::ExitCode {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::CpuWorker => std::process::exit(tessel_cpu::worker::serve()),
+        Command::SimCheck { data, device, json } => simcheck::sim_check(&data, &device, json)?,
         #[cfg(feature = "cuda")]
         Command::GpuWorker => std::process::exit(tessel_gpu::cuda::serve()),
         Command::Tune {

@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use tessel_gpu::GpuError;
-use tessel_gpu::cuda::{CudaMeasurer, CudaOptions, GpuAnswer, GpuRequest, PtxCompiler};
+use tessel_gpu::cuda::{
+    Check, CudaMeasurer, CudaOptions, GpuAnswer, GpuJob, GpuRequest, PtxCompiler,
+};
 use tessel_ir::Workload;
 use tessel_measure::worker::{Worker, WorkerCommand, WorkerReply};
 use tessel_measure::{Candidate, MeasureErrorKind, Measurer};
@@ -98,6 +100,40 @@ fn the_worker_answers_bad_jobs_with_errors_and_keeps_serving() {
             eprintln!("no GPU here: {e}");
         }
         other => panic!("{other:?}"),
+    }
+    // A job whose module is not PTX: refused (no driver here, or the driver refuses the
+    // module), and the worker goes on.
+    let op = "gemm:m=16,n=16,k=16,dtype=f16"
+        .parse::<Workload>()
+        .unwrap()
+        .to_op();
+    let job = GpuJob {
+        ptx: "not PTX".into(),
+        kernel: "k".into(),
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        shared_bytes: 0,
+        args: vec![Some(0), Some(1), None],
+        tolerance: tessel_measure::check::tolerance(&op),
+        op,
+        check: Check::Full,
+        seed: 1,
+        timing: Default::default(),
+    };
+    for _ in 0..2 {
+        match w
+            .call(&GpuRequest::Measure(Box::new(job.clone())), t)
+            .unwrap()
+        {
+            GpuAnswer::Measured(WorkerReply::Err { kind, message }) => {
+                assert_eq!(kind, MeasureErrorKind::Runtime, "{message}");
+                assert!(
+                    message.contains("driver") || message.contains("module"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
     assert_eq!(w.restarts(), 0);
 }
