@@ -170,6 +170,43 @@ template <int N> __device__ __forceinline__ void tsl_cp_wait() {
 }
 "#;
 
+/// mma.sync m16n8k16 through inline PTX, with `ldmatrix` operand loads (sm_80+).
+const MMA_PRELUDE: &str = r#"
+// ldmatrix: 8x8 tiles of 16-bit elements from shared memory; lane l gives the address of one
+// 16-byte row (lanes 0-7 the rows of the first tile, 8-15 the second, ...).
+__device__ __forceinline__ void tsl_ldsm_x4(unsigned* r, const void* p) {
+  unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+__device__ __forceinline__ void tsl_ldsm_x4_trans(unsigned* r, const void* p) {
+  unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+__device__ __forceinline__ void tsl_ldsm_x2(unsigned* r, const void* p) {
+  unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(s));
+}
+__device__ __forceinline__ void tsl_ldsm_x2_trans(unsigned* r, const void* p) {
+  unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(s));
+}
+// d += a * b on a 16x8x16 tile: a in 4 registers (row), b in 2 (col), d in 4 floats.
+__device__ __forceinline__ void tsl_mma_f16(float* d, const unsigned* a, const unsigned* b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void tsl_mma_bf16(float* d, const unsigned* a, const unsigned* b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+"#;
+
 struct TcInfo {
     m: u64,
     n: u64,
@@ -181,6 +218,9 @@ struct TcInfo {
     acc: usize,
     in_type: DType,
     acc_type: DType,
+    /// `mma.sync` through inline PTX (operands by `ldmatrix` from shared memory, the
+    /// accumulator in 4 registers per lane) rather than the WMMA API.
+    mma_sync: bool,
 }
 
 struct Emitter<'a> {
@@ -350,8 +390,13 @@ pub fn generate(p: &Program, name: &str) -> Result<Kernel, GpuError> {
     if let Some(t) = &e.tc {
         let _ = writeln!(
             src,
-            "// Tensor Cores: WMMA {}x{}x{} {} -> {}",
-            t.m, t.n, t.k, t.in_type, t.acc_type
+            "// Tensor Cores: {} {}x{}x{} {} -> {}",
+            if t.mma_sync { "mma.sync" } else { "WMMA" },
+            t.m,
+            t.n,
+            t.k,
+            t.in_type,
+            t.acc_type
         );
     }
     let _ = writeln!(
@@ -360,6 +405,9 @@ pub fn generate(p: &Program, name: &str) -> Result<Kernel, GpuError> {
         grid[0], grid[1], grid[2], block[0], block[1], block[2]
     );
     src.push_str(PRELUDE);
+    if e.tc.as_ref().is_some_and(|t| t.mma_sync) {
+        src.push_str(MMA_PRELUDE);
+    }
     let _ = writeln!(
         src,
         "\nextern \"C\" __global__ void __launch_bounds__({nthreads}) {name}({}) {{",
@@ -397,7 +445,9 @@ pub fn generate(p: &Program, name: &str) -> Result<Kernel, GpuError> {
             );
         }
     }
-    if let Some(t) = &e.tc {
+    if let Some(t) = &e.tc
+        && !t.mma_sync
+    {
         let warps = nthreads / 32;
         let n = warps * t.m * t.n;
         carve(
@@ -408,6 +458,8 @@ pub fn generate(p: &Program, name: &str) -> Result<Kernel, GpuError> {
             4,
             "per-warp epilogue staging".into(),
         );
+    }
+    if e.tc.is_some() {
         let _ = writeln!(
             src,
             "  const int warp = threadIdx.y + blockDim.y * threadIdx.z;\n  const int lane = threadIdx.x;"
@@ -419,6 +471,7 @@ pub fn generate(p: &Program, name: &str) -> Result<Kernel, GpuError> {
     src.push_str(&body);
     src.push_str("}\n");
     let needs_sm80 = e.uses_cp_async
+        || e.tc.as_ref().is_some_and(|t| t.mma_sync)
         || p.buffers.iter().any(|b| b.dtype == DType::BF16)
         || e.tc.as_ref().is_some_and(|t| t.in_type == DType::BF16);
     Ok(Kernel {
@@ -455,9 +508,10 @@ fn collect<'a>(s: &'a Stmt, f: &mut impl FnMut(&'a Stmt, Option<u32>)) {
 
 fn tc_info(p: &Program, c: &TensorizedCall) -> Result<TcInfo, GpuError> {
     let cg = |reason: String| GpuError::Codegen { reason };
-    if !c.intrinsic.starts_with("wmma.") {
+    let mma_sync = c.intrinsic.starts_with("mma.m16n8k16.");
+    if !c.intrinsic.starts_with("wmma.") && !mma_sync {
         return Err(cg(format!(
-            "{} is not generated (WMMA instructions are)",
+            "{} is not generated (WMMA and 16-bit mma.sync m16n8k16 are)",
             c.intrinsic
         )));
     }
@@ -490,6 +544,7 @@ fn tc_info(p: &Program, c: &TensorizedCall) -> Result<TcInfo, GpuError> {
         acc: c.acc.buffer,
         in_type,
         acc_type: p.buffers[c.acc.buffer].dtype,
+        mma_sync,
     })
 }
 
@@ -701,6 +756,18 @@ impl Emitter<'_> {
             .iter()
             .map(|&d| format!("[{}]", self.p.buffers[buffer].shape[d]))
             .collect();
+        if t.mma_sync {
+            // Lane l holds rows l/4 and l/4+8, columns 2(l%4) and 2(l%4)+1 of each tile.
+            let l = format!(
+                "{} {}{shape}[4];  // {}x{} accumulator tiles, 4 values per lane",
+                c_type(t.acc_type),
+                self.bufs[buffer],
+                t.m,
+                t.n
+            );
+            self.line(&l);
+            return Ok(());
+        }
         let l = format!(
             "wmma::fragment<wmma::accumulator, {}, {}, {}, {}> {}{shape};",
             t.m,
@@ -771,7 +838,13 @@ impl Emitter<'_> {
             return match inner {
                 Stmt::Fill { dst, .. } if self.is_tc_acc(dst.buffer) => {
                     let f = self.fragment(dst)?;
-                    self.line(&format!("wmma::fill_fragment({f}, 0);"));
+                    if self.tc.as_ref().is_some_and(|t| t.mma_sync) {
+                        self.line(&format!(
+                            "for (int tsl_e = 0; tsl_e < 4; ++tsl_e) {f}[tsl_e] = 0;"
+                        ));
+                    } else {
+                        self.line(&format!("wmma::fill_fragment({f}, 0);"));
+                    }
                     Ok(())
                 }
                 Stmt::Store { acc, .. } if self.is_tc_acc(acc.buffer) => {
@@ -1083,6 +1156,48 @@ impl Emitter<'_> {
         }
     }
 
+    /// The `ldmatrix` that fills mma.sync operand registers `dst` with this lane's part of the
+    /// A (16x16, 4 registers) or B (16x8, 2 registers) tile at `r`, transposing where the
+    /// shared layout is not the one the instruction reads (A row-major, B column-major).
+    fn ldmatrix(&self, r: &BufferRef, is_a: bool, dst: &str) -> Result<String, GpuError> {
+        let t = self.tc.as_ref().ok_or_else(|| GpuError::Codegen {
+            reason: "no Tensor Core instruction".into(),
+        })?;
+        if self.p.buffers[r.buffer].scope.as_str() != "shared" {
+            return Err(GpuError::Codegen {
+                reason: format!(
+                    "mma.sync reads its operands with ldmatrix from shared memory; {} is in {}",
+                    self.p.buffers[r.buffer].name, self.p.buffers[r.buffer].scope
+                ),
+            });
+        }
+        let (rows, cols) = if is_a { (t.vm, t.vk) } else { (t.vk, t.vn) };
+        let (p, ld, row_major) = self.operand(r, rows, cols)?;
+        Ok(match (is_a, row_major) {
+            // A[m][k]: lanes 0-15 rows m of k 0-7, lanes 16-31 rows m of k 8-15.
+            (true, true) => {
+                format!("tsl_ldsm_x4({dst}, {p} + (lane % 16) * {ld} + (lane / 16) * 8)")
+            }
+            // A stored [k][m]: tile j = lane/8 is m 8(j%2).., k 8(j/2)..; its rows are k.
+            (true, false) => format!(
+                "tsl_ldsm_x4_trans({dst}, {p} + (lane % 8 + (lane / 16) * 8) * {ld} + ((lane / 8) % 2) * 8)"
+            ),
+            // B stored [k][n]: rows k 0-15, transposed into the column-major fragment.
+            (false, true) => format!("tsl_ldsm_x2_trans({dst}, {p} + (lane % 16) * {ld})"),
+            // B stored [n][k]: rows n, k 0-7 then 8-15.
+            (false, false) => {
+                format!("tsl_ldsm_x2({dst}, {p} + (lane % 8) * {ld} + ((lane / 8) % 2) * 8)")
+            }
+        })
+    }
+
+    fn mma_fn(&self) -> &'static str {
+        match self.tc.as_ref().map(|t| t.in_type) {
+            Some(DType::BF16) => "tsl_mma_bf16",
+            _ => "tsl_mma_f16",
+        }
+    }
+
     fn frag_type(&self, which: &str, row_major: bool) -> String {
         let t = self
             .tc
@@ -1115,6 +1230,20 @@ impl Emitter<'_> {
                 });
             }
         };
+        if self.tc.as_ref().is_some_and(|t| t.mma_sync) {
+            let load_a = self.ldmatrix(&c.operands[0], true, "a")?;
+            let load_b = self.ldmatrix(&c.operands[1], false, "b")?;
+            let acc = self.fragment(&c.acc)?;
+            let f = self.mma_fn();
+            self.line("{");
+            self.depth += 1;
+            self.line("unsigned a[4], b[2];");
+            self.line(&format!("{load_a}; {load_b};"));
+            self.line(&format!("{f}({acc}, a, b);"));
+            self.depth -= 1;
+            self.line("}");
+            return Ok(());
+        }
         let (pa, lda, ra) = self.operand(&c.operands[0], vm, vk)?;
         let (pb, ldb, rb) = self.operand(&c.operands[1], vk, vn)?;
         let acc = self.fragment(&c.acc)?;
@@ -1174,15 +1303,48 @@ impl Emitter<'_> {
             self.line("}");
             return Ok(());
         };
+        let (an, bn) = (
+            self.names[a_loop.var].clone(),
+            self.names[b_loop.var].clone(),
+        );
+        if self.tc.as_ref().is_some_and(|t| t.mma_sync) {
+            let load_a = self.ldmatrix(a, true, &format!("a[{an}]"))?;
+            let load_b = self.ldmatrix(b, false, &format!("b[{bn}]"))?;
+            self.line(&format!(
+                "unsigned a[{}][4], b[{}][2];",
+                a_loop.extent, b_loop.extent
+            ));
+            self.line("#pragma unroll");
+            self.line(&format!(
+                "for (int {an} = 0; {an} < {}; ++{an}) {load_a};",
+                a_loop.extent
+            ));
+            self.line("#pragma unroll");
+            self.line(&format!(
+                "for (int {bn} = 0; {bn} < {}; ++{bn}) {load_b};",
+                b_loop.extent
+            ));
+            let acc = self.fragment(&c.acc)?;
+            let f = self.mma_fn();
+            let (on, inn) = (self.names[o].clone(), self.names[i].clone());
+            self.line("#pragma unroll");
+            self.line(&format!(
+                "for (int {on} = 0; {on} < {}; ++{on})",
+                outer.extent
+            ));
+            self.line("#pragma unroll");
+            self.line(&format!(
+                "  for (int {inn} = 0; {inn} < {}; ++{inn})",
+                inner.extent
+            ));
+            self.line(&format!("    {f}({acc}, a[{an}], b[{bn}]);"));
+            return Ok(());
+        }
         let (pa, lda, ra) = self.operand(a, vm, vk)?;
         let (pb, ldb, rb) = self.operand(b, vk, vn)?;
         let (ta, tb) = (
             self.frag_type("matrix_a", ra),
             self.frag_type("matrix_b", rb),
-        );
-        let (an, bn) = (
-            self.names[a_loop.var].clone(),
-            self.names[b_loop.var].clone(),
         );
         self.line(&format!("{ta} a[{}];", a_loop.extent));
         self.line(&format!("{tb} b[{}];", b_loop.extent));
@@ -1234,8 +1396,17 @@ impl Emitter<'_> {
             (Some(t), Some(_)) => (t.vm, t.vn, t.m * t.n, t.n),
             _ => (0, 0, 0, 0),
         };
+        let mma_sync = self.tc.as_ref().is_some_and(|t| t.mma_sync);
         let saved = (self.names.get(vm).cloned(), self.names.get(vn).cloned());
-        let value = if fragment.is_some() {
+        let value = if fragment.is_some() && mma_sync {
+            // Each lane stores its own four values: no staging.
+            let f = self.fragment(acc)?;
+            self.line("for (int tsl_e = 0; tsl_e < 4; ++tsl_e) {");
+            self.depth += 1;
+            self.names[vm] = "(lane / 4 + (tsl_e / 2) * 8)".into();
+            self.names[vn] = "((lane % 4) * 2 + tsl_e % 2)".into();
+            format!("{f}[tsl_e]")
+        } else if fragment.is_some() {
             let f = self.fragment(acc)?;
             self.line(&format!(
                 "wmma::store_matrix_sync(&tsl_out[warp * {mn}], {f}, {n}, wmma::mem_row_major);"
@@ -1293,7 +1464,9 @@ impl Emitter<'_> {
         if fragment.is_some() {
             self.depth -= 1;
             self.line("}");
-            self.line("__syncwarp();");
+            if !mma_sync {
+                self.line("__syncwarp();");
+            }
             if let (Some(a), Some(b)) = saved {
                 self.names[vm] = a;
                 self.names[vn] = b;

@@ -59,6 +59,8 @@ struct Counts {
     store_bytes: f64,
     steps: f64,
     fragments_per_warp: f64,
+    /// Accumulator registers per lane (a fragment's m x n values spread over 32 lanes).
+    acc_registers: f64,
     operand_fragments: f64,
     accumulators_per_thread: f64,
 }
@@ -179,6 +181,7 @@ impl Walk<'_> {
                 }
                 let per_warp = self.p.buffers[c.acc.buffer].elements() as f64 / (m * nn) as f64;
                 self.c.fragments_per_warp = self.c.fragments_per_warp.max(per_warp);
+                self.c.acc_registers = self.c.acc_registers.max(per_warp * (m * nn) as f64 / 32.0);
             }
             Stmt::Update { operands, .. } => {
                 // One FMA, plus a load (and a conversion for 16-bit types) per operand not
@@ -278,7 +281,7 @@ pub fn estimate_kernel(
     // Registers: accumulators (fragments are spread over the warp's 32 lanes), operand
     // fragments, addressing.
     let regs = if kernel.tensor_core.is_some() {
-        c.fragments_per_warp * 8.0 + c.operand_fragments * 4.0 + 40.0
+        c.acc_registers + c.operand_fragments * 4.0 + 40.0
     } else {
         c.accumulators_per_thread + 32.0
     };

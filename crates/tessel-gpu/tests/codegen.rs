@@ -139,10 +139,81 @@ fn kernels_to_compile() -> Vec<(String, Kernel)> {
     out
 }
 
+/// mma.sync kernels of every operand orientation: A row-major; B row-major (gemm, loaded with
+/// ldmatrix.trans) and column-major (dense: B is W[n, k]); f16 and bf16; edges and epilogues.
+fn mma_kernels() -> Vec<(String, Kernel)> {
+    let mut out = Vec::new();
+    for spec in [
+        "gemm:m=256,n=128,k=96,dtype=f16,epilogue=bias+relu",
+        "gemm:m=100,n=60,k=40,dtype=bf16,epilogue=bias",
+        "dense:m=64,n=96,k=64,dtype=f16",
+        "bmm:b=2,m=64,n=64,k=32,dtype=bf16",
+    ] {
+        let op = spec.parse::<Workload>().unwrap().to_op();
+        let space = Space::new(&op, &InstructionSet::Gpu { cc: (8, 0) });
+        let mma = space
+            .mappings()
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.intrinsic.id.starts_with("mma."));
+        // The first two mappings (the operands in either order).
+        for (mapping, _) in mma.take(2) {
+            let s = Sketch::TensorCore {
+                mapping,
+                wm: 2,
+                wn: 2,
+                fm: 2,
+                fn_: 4,
+                kc: 1,
+                stages: 2,
+            };
+            let Ok((_, p)) = space.lower(&s) else {
+                continue;
+            };
+            let k = generate(&p, "k").unwrap_or_else(|e| panic!("{spec} {s}: {e}"));
+            out.push((format!("{spec} {s}"), k));
+        }
+    }
+    out
+}
+
+#[test]
+fn mma_sync_kernels_load_operands_with_ldmatrix_and_store_from_registers() {
+    let kernels = mma_kernels();
+    assert!(kernels.len() >= 4, "{}", kernels.len());
+    let all: String = kernels.iter().map(|(_, k)| k.source.as_str()).collect();
+    for needle in [
+        "tsl_ldsm_x4(",
+        "tsl_ldsm_x2_trans(",
+        "tsl_ldsm_x2(",
+        "tsl_mma_f16(",
+        "tsl_mma_bf16(",
+    ] {
+        assert!(all.contains(needle), "no kernel uses {needle}");
+    }
+    for (what, k) in &kernels {
+        assert!(k.needs_sm80, "{what}");
+        assert!(
+            !k.source.contains("wmma::") && !k.source.contains("tsl_out"),
+            "{what}"
+        );
+        assert!(
+            k.tensor_core
+                .as_deref()
+                .unwrap()
+                .starts_with("mma.m16n8k16"),
+            "{what}"
+        );
+    }
+    let (_, k) = &kernels[0];
+    snapshot("mma_gemm_bias_relu.cu", &k.source);
+}
+
 #[test]
 fn nvcc_compiles_generated_kernels_for_sm80_and_sm90() {
-    let kernels = kernels_to_compile();
+    let mut kernels = kernels_to_compile();
     assert!(kernels.len() >= 15, "{}", kernels.len());
+    kernels.extend(mma_kernels());
     let nvcc = match Nvcc::find() {
         Ok(n) => n,
         Err(e) => {
@@ -150,15 +221,26 @@ fn nvcc_compiles_generated_kernels_for_sm80_and_sm90() {
             return;
         }
     };
-    for (what, k) in &kernels {
-        for arch in ["sm_80", "sm_90"] {
-            let info = nvcc
-                .compile(&k.source, &k.name, arch)
-                .unwrap_or_else(|e| panic!("{what} on {arch}: {e}\n{}", k.source));
-            assert!(
-                info.registers > 0 && info.registers <= 255,
-                "{what}: {info:?}"
-            );
+    eprintln!("compiling {} kernels for sm_80 and sm_90", kernels.len());
+    // One nvcc per core at a time.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per_thread = kernels.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        for chunk in kernels.chunks(per_thread) {
+            let nvcc = &nvcc;
+            s.spawn(move || {
+                for (what, k) in chunk {
+                    for arch in ["sm_80", "sm_90"] {
+                        let info = nvcc
+                            .compile(&k.source, &k.name, arch)
+                            .unwrap_or_else(|e| panic!("{what} on {arch}: {e}\n{}", k.source));
+                        assert!(
+                            info.registers > 0 && info.registers <= 255,
+                            "{what}: {info:?}"
+                        );
+                    }
+                }
+            });
         }
-    }
+    });
 }

@@ -16,24 +16,32 @@ pub const GPU_MAX_THREADS: u64 = 1024;
 /// refuses what exceeds its own limit (64 KB on a T4, 99 KB on Ada, 227 KB on Hopper).
 pub const GPU_MAX_SHARED_BYTES: u64 = 96 << 10;
 
-/// Accumulator fragments per warp: 8 registers each per lane, within the 255-register budget.
-const MAX_FRAGMENTS_PER_WARP: u64 = 16;
+/// Accumulator registers per lane (16 WMMA 16x16 fragments, or 32 mma.sync 16x8 tiles),
+/// within the 255-register budget.
+const MAX_ACC_REGISTERS: u64 = 128;
 
 /// Accumulator values per SIMT thread (registers).
 const MAX_SIMT_ACCUMULATORS: u64 = 64;
 
-/// The WMMA instructions a GPU of compute capability `cc` runs (the code generator emits WMMA;
-/// mma.sync and wgmma are described in the catalog but not generated yet).
+/// The Tensor Core instructions a GPU of compute capability `cc` runs that the code generator
+/// emits: WMMA, and 16-bit mma.sync (int8 mma.sync and wgmma are described in the catalog but
+/// not generated yet).
 pub(crate) fn gpu_instructions(catalog: &Catalog, cc: (u32, u32)) -> Vec<String> {
     catalog
         .intrinsics
         .iter()
+        .filter(|i| i.platform == Platform::Nvidia && !i.description_only)
+        .filter(|i| i.family == "wmma" || (i.family == "mma.sync" && i.a.bytes() == 2))
         // tf32 needs its own rounding of the inputs; not generated yet.
-        .filter(|i| i.platform == Platform::Nvidia && i.family == "wmma" && !i.description_only)
         .filter(|i| i.a != tessel_ir::DType::F32)
         .filter(|i| matches!(i.requires, Requirement::ComputeCapability(a, b) if (a, b) <= cc))
         .map(|i| i.id.to_string())
         .collect()
+}
+
+/// Registers per lane of one accumulator fragment.
+fn acc_registers(i: &tessel_intrin::Intrinsic) -> u64 {
+    (i.m * i.n / 32).max(1)
 }
 
 fn scope(name: &str) -> Scope {
@@ -62,10 +70,13 @@ impl Space {
         let wm = pick(rng, mt, 4);
         let wn = pick(rng, nt, 4);
         let fm = pick(rng, mt.div_ceil(wm), 4);
+        // Narrow tiles (mma.sync's n = 8) take twice as many fragments for the same warp tile.
+        let i = self.mappings[mapping].intrinsic;
+        let widest = if i.n < 16 { 8 } else { 4 };
         let fn_ = pick(
             rng,
             nt.div_ceil(wn),
-            (MAX_FRAGMENTS_PER_WARP / fm).clamp(1, 4),
+            (MAX_ACC_REGISTERS / (fm * acc_registers(i))).clamp(1, widest),
         );
         Sketch::TensorCore {
             mapping,
@@ -207,12 +218,12 @@ impl Space {
                         "{wm}x{wn} warps are {threads} threads; a block has at most {GPU_MAX_THREADS}"
                     ));
                 }
-                if fm * fn_ > MAX_FRAGMENTS_PER_WARP {
+                let i = m.intrinsic;
+                if fm * fn_ * acc_registers(i) > MAX_ACC_REGISTERS {
                     return Err(format!(
-                        "{fm}x{fn_} accumulator fragments per warp exceed {MAX_FRAGMENTS_PER_WARP}"
+                        "{fm}x{fn_} accumulator fragments per warp take more than {MAX_ACC_REGISTERS} registers per lane"
                     ));
                 }
-                let i = m.intrinsic;
                 let bytes = *stages as u64
                     * kc
                     * i.k

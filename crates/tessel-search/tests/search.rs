@@ -347,11 +347,15 @@ fn gpu_spaces_use_tensor_cores_where_the_device_has_them() {
     let volta = Space::new(&op, &InstructionSet::Gpu { cc: (7, 0) });
     assert!(volta.mappings().is_empty());
     let ampere = Space::new(&op, &InstructionSet::Gpu { cc: (8, 0) });
+    // Both generated families: WMMA and 16-bit mma.sync (never the description-only wgmma).
+    let ids: Vec<&str> = ampere.mappings().iter().map(|m| m.intrinsic.id).collect();
     assert!(
-        ampere
-            .mappings()
-            .iter()
-            .all(|m| m.intrinsic.id.starts_with("wmma."))
+        ids.iter()
+            .all(|id| id.starts_with("wmma.") || id.starts_with("mma.m16n8k16.bf16")),
+        "{ids:?}"
+    );
+    assert!(
+        ids.iter().any(|id| id.starts_with("wmma.")) && ids.iter().any(|id| id.starts_with("mma."))
     );
     let mut rng = Rng::new(3);
     let (mut tc, mut simt, mut lowered) = (0, 0, 0);
