@@ -172,6 +172,7 @@ template <int N> __device__ __forceinline__ void tsl_cp_wait() {
 
 /// mma.sync m16n8k16 through inline PTX, with `ldmatrix` operand loads (sm_80+).
 const MMA_PRELUDE: &str = r#"
+#ifndef TSL_EMULATED  // (tessel-gpu's CPU emulator defines these itself)
 // ldmatrix: 8x8 tiles of 16-bit elements from shared memory; lane l gives the address of one
 // 16-byte row (lanes 0-7 the rows of the first tile, 8-15 the second, ...).
 __device__ __forceinline__ void tsl_ldsm_x4(unsigned* r, const void* p) {
@@ -205,6 +206,7 @@ __device__ __forceinline__ void tsl_mma_bf16(float* d, const unsigned* a, const 
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+#endif
 "#;
 
 struct TcInfo {
@@ -1474,6 +1476,23 @@ impl Emitter<'_> {
         }
         Ok(())
     }
+}
+
+/// What each kernel parameter is: `Some(i)` the operator's `i`-th read operand
+/// ([`tessel_ir::ComputeOp::read_operands`]: inputs, then biases), `None` the output.
+pub fn param_operands(p: &Program, params: &[usize]) -> Result<Vec<Option<usize>>, GpuError> {
+    let inputs = p.op.inputs.len();
+    params
+        .iter()
+        .map(|&i| match p.buffers.get(i).map(|b| &b.role) {
+            Some(BufferRole::Input(k)) => Ok(Some(*k)),
+            Some(BufferRole::Bias(k)) => Ok(Some(inputs + k)),
+            Some(BufferRole::Output) => Ok(None),
+            other => Err(GpuError::Codegen {
+                reason: format!("kernel parameter {i} is not an operand ({other:?})"),
+            }),
+        })
+        .collect()
 }
 
 /// The flat element index of `r` in a layout with these element strides.

@@ -18,7 +18,7 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
 use serde::{Deserialize, Serialize};
-use tessel_ir::{BufferRole, ComputeOp, DType, TensorData};
+use tessel_ir::{ComputeOp, DType, TensorData};
 use tessel_measure::check::{max_relative_error, relative_error, tolerance, unravel};
 use tessel_measure::worker::{TimingOptions, Worker, WorkerCommand, WorkerReply};
 use tessel_measure::{
@@ -26,7 +26,7 @@ use tessel_measure::{
     Measurer, Timing,
 };
 
-use crate::codegen::generate;
+use crate::codegen::{generate, param_operands};
 use crate::device::spec_for;
 use crate::error::GpuError;
 use crate::nvcc::Nvcc;
@@ -206,23 +206,6 @@ fn cuda_include_dirs() -> Vec<String> {
         .collect()
 }
 
-/// The kernel's parameters as operands: see [`GpuJob::args`].
-fn kernel_args(
-    program: &tessel_ir::Program,
-    params: &[usize],
-) -> Result<Vec<Option<usize>>, String> {
-    let inputs = program.op.inputs.len();
-    params
-        .iter()
-        .map(|&i| match program.buffers[i].role {
-            BufferRole::Input(k) => Ok(Some(k)),
-            BufferRole::Bias(k) => Ok(Some(inputs + k)),
-            BufferRole::Output => Ok(None),
-            ref other => Err(format!("kernel parameter {i} is a {other:?} buffer")),
-        })
-        .collect()
-}
-
 /// Measures candidates on the GPU of a worker process.
 pub struct CudaMeasurer {
     worker: Worker,
@@ -337,8 +320,8 @@ impl Preparer {
                 ),
             ));
         }
-        let args = kernel_args(&program, &kernel.params)
-            .map_err(|e| MeasureError::new(MeasureErrorKind::Codegen, e))?;
+        let args = param_operands(&program, &kernel.params)
+            .map_err(|e| MeasureError::new(MeasureErrorKind::Codegen, e.to_string()))?;
         let start = Instant::now();
         let ptx = self
             .compiler

@@ -4,6 +4,8 @@
 //!   one CUDA C++ kernel: WMMA Tensor Core fragments, block-wide shared-memory staging with
 //!   16-byte vectors and padded rows, multi-stage `cp.async` pipelines, and an epilogue (bias,
 //!   relu, cast) applied per element with the edge guards.
+//! - [`emulate`]: runs generated kernels on the CPU (a thread per CUDA thread, warp-collective
+//!   operations emulated from the PTX ISA), to check what they compute without a GPU.
 //! - [`nvcc`]: compiles generated kernels without a GPU (nvcc from PyPI's wheels) and reads
 //!   `ptxas -v` (registers, spills, shared memory).
 //! - [`device`] and [`sim`]: the analytical model behind `--target sim:NAME`, for V100, T4, A10,
@@ -32,6 +34,7 @@ pub mod codegen;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;
+pub mod emulate;
 mod error;
 pub mod nvcc;
 pub mod sim;
