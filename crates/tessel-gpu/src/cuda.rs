@@ -292,7 +292,13 @@ impl CudaMeasurer {
                     gflops: job.op.flops() as f64 / timing.median_s / 1e9,
                 })
             }
-            GpuAnswer::Measured(WorkerReply::Err { kind, message }) => {
+            GpuAnswer::Measured(WorkerReply::Err { kind, mut message }) => {
+                if message.contains("UNSUPPORTED_PTX_VERSION") {
+                    message += &format!(
+                        " (the PTX of {} is newer than this driver reads: use a compiler no newer than the driver)",
+                        self.prep.compiler.name()
+                    );
+                }
                 Err(MeasureError::new(kind, message))
             }
             GpuAnswer::Fingerprint(_) => Err(MeasureError::new(
@@ -562,6 +568,10 @@ impl WorkerState {
             job.check
         );
         if !self.prepared.contains_key(&key) {
+            // Operators come task by task: keep the inputs of the last few only.
+            if self.prepared.len() >= 4 {
+                self.prepared.clear();
+            }
             let p = prepare(&stream, job)?;
             self.prepared.insert(key.clone(), p);
         }
