@@ -377,24 +377,27 @@ impl Measurer for CudaMeasurer {
                 .chunks(per_thread)
                 .enumerate()
                 .map(|(chunk, cs)| {
-                    s.spawn(move || {
+                    let h = s.spawn(move || {
                         cs.iter()
                             .enumerate()
                             .map(|(i, c)| {
                                 this.prepare(c, &format!("tsl_k{}", chunk * per_thread + i))
                             })
                             .collect::<Vec<_>>()
-                    })
+                    });
+                    (h, cs.len())
                 })
                 .collect();
+            // One result per candidate, even if a compiling thread panicked.
             handles
                 .into_iter()
-                .flat_map(|h| {
+                .flat_map(|(h, n)| {
                     h.join().unwrap_or_else(|_| {
-                        vec![Err(MeasureError::new(
+                        let e = MeasureError::new(
                             MeasureErrorKind::Compile,
                             "the compiling thread panicked",
-                        ))]
+                        );
+                        vec![Err(e); n]
                     })
                 })
                 .collect()
