@@ -639,7 +639,13 @@ impl<'p> Gen<'p> {
                 biases,
                 guards,
                 step,
+                accumulate: false,
             } => self.store(dst, acc, point, biases, guards, *step)?,
+            Stmt::Store { .. } => {
+                return Err(CodegenError::Unsupported {
+                    reason: "split-K stores (blocks adding into the output) are GPU-only".into(),
+                });
+            }
             Stmt::Tensorized(c) => self.tensorized(c)?,
             Stmt::Barrier => self.line("/* barrier: threads share nothing here on the CPU */"),
         }

@@ -12,6 +12,11 @@
 //!   array of fragments per warp, initialised with `fill_fragment` and written back through a
 //!   small per-warp staging tile so that the epilogue (bias, relu, cast) and the edge guards
 //!   apply per element;
+//! - an `mma.sync` m16n8k16 call (f16/bf16) is inline PTX: `ldmatrix` (`.trans` where the
+//!   shared layout is not the instruction's) fills the operand registers, the accumulator is a
+//!   `float[4]` per tile, and each lane stores its own four values;
+//! - a reduction loop bound to a block axis (split-K) makes the store an `atomicAdd` into an
+//!   output the launcher zeroes first ([`Kernel::zero_output`]);
 //! - shared buffers whose rows are a multiple of 32 bytes get 16 bytes of padding per row,
 //!   so the 8 rows a fragment load touches at once fall in different banks.
 
@@ -40,6 +45,8 @@ pub struct Kernel {
     pub params: Vec<usize>,
     /// Needs sm_80 or newer (cp.async, bf16).
     pub needs_sm80: bool,
+    /// Split-K: blocks add into the output (`atomicAdd`), which must be zeros at launch.
+    pub zero_output: bool,
 }
 
 impl Kernel {
@@ -472,6 +479,16 @@ pub fn generate(p: &Program, name: &str) -> Result<Kernel, GpuError> {
     }
     src.push_str(&body);
     src.push_str("}\n");
+    let mut zero_output = false;
+    p.body.walk(&mut |s| {
+        zero_output |= matches!(
+            s,
+            Stmt::Store {
+                accumulate: true,
+                ..
+            }
+        );
+    });
     let needs_sm80 = e.uses_cp_async
         || e.tc.as_ref().is_some_and(|t| t.mma_sync)
         || p.buffers.iter().any(|b| b.dtype == DType::BF16)
@@ -485,6 +502,7 @@ pub fn generate(p: &Program, name: &str) -> Result<Kernel, GpuError> {
         tensor_core: tensorized.map(|c| c.intrinsic.clone()),
         params,
         needs_sm80,
+        zero_output,
     })
 }
 
@@ -1387,6 +1405,7 @@ impl Emitter<'_> {
             point,
             biases,
             guards,
+            accumulate,
             ..
         } = s
         else {
@@ -1459,7 +1478,13 @@ impl Emitter<'_> {
             }
         }
         let dt = self.p.buffers[dst.buffer].dtype;
-        let l = format!("{} = {};", self.element(dst), self.convert_to("v", dt));
+        let l = if *accumulate {
+            // Split-K: the blocks' partial sums meet in the output (f32 or i32, as the
+            // accumulator).
+            format!("atomicAdd(&{}, v);", self.element(dst))
+        } else {
+            format!("{} = {};", self.element(dst), self.convert_to("v", dt))
+        };
         self.line(&l);
         self.depth -= 1;
         self.line("}");

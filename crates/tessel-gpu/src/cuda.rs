@@ -54,6 +54,9 @@ pub struct GpuJob {
     pub grid: [u32; 3],
     pub block: [u32; 3],
     pub shared_bytes: u32,
+    /// Split-K: the output starts as zeros (the kernel adds into it).
+    #[serde(default)]
+    pub zero_output: bool,
     /// The kernel's parameters: `Some(i)` is the operator's `i`-th read operand
     /// ([`ComputeOp::read_operands`]), `None` the output.
     pub args: Vec<Option<usize>>,
@@ -345,6 +348,7 @@ impl Preparer {
             grid: kernel.grid,
             block: kernel.block,
             shared_bytes: kernel.shared_bytes as u32,
+            zero_output: kernel.zero_output,
             args,
             op: c.op.clone(),
             check,
@@ -581,32 +585,45 @@ impl WorkerState {
         let p = &self.prepared[&key];
         let out = &job.op.output.tensor;
         // 0xff bytes: NaN in every float type, so unwritten elements show.
-        let output = stream
-            .clone_htod(&vec![0xffu8; out.bytes() as usize])
+        // 0xff bytes: NaN in every float type, so unwritten elements show. Split-K kernels
+        // add into the output, so it starts as zeros before every run (timed with the run).
+        let fill = if job.zero_output { 0u8 } else { 0xff };
+        let mut output = stream
+            .clone_htod(&vec![fill; out.bytes() as usize])
             .map_err(|e| driver_error("cannot allocate the output", e))?;
         let cfg = LaunchConfig {
             grid_dim: (job.grid[0], job.grid[1], job.grid[2]),
             block_dim: (job.block[0], job.block[1], job.block[2]),
             shared_mem_bytes: job.shared_bytes,
         };
-        // The output goes in as a shared reference: with event tracking off, cudarc only passes
-        // the pointer, and the kernel is its one writer.
-        let launch = |output: &CudaSlice<u8>, timed: bool| {
+        let timing_event = || {
+            stream
+                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| driver_error("event", e))
+        };
+        // One run: zero the output where needed, then the kernel. The output goes in as a
+        // shared reference: with event tracking off, cudarc only passes the pointer, and the
+        // kernel is its one writer.
+        let run = |output: &mut CudaSlice<u8>, zero: bool| -> Result<(), String> {
+            if zero {
+                stream
+                    .memset_zeros(output)
+                    .map_err(|e| driver_error("cannot zero the output", e))?;
+            }
             let mut b = stream.launch_builder(&f);
             for a in &job.args {
                 match a {
                     Some(i) => b.arg(&p.inputs[*i]),
-                    None => b.arg(output),
+                    None => b.arg(&*output),
                 };
-            }
-            if timed {
-                b.record_kernel_launch(CUevent_flags::CU_EVENT_DEFAULT);
             }
             // SAFETY: one device pointer per kernel parameter, each to a buffer of the size
             // its operand declares; the grid and shared memory are the generator's.
             unsafe { b.launch(cfg) }
+                .map(|_| ())
+                .map_err(|e| driver_error("launch failed", e))
         };
-        launch(&output, false).map_err(|e| driver_error("launch failed", e))?;
+        run(&mut output, false)?;
         stream
             .synchronize()
             .map_err(|e| driver_error("the kernel failed", e))?;
@@ -625,13 +642,14 @@ impl WorkerState {
             }
         };
         for _ in 0..job.timing.warmup {
-            launch(&output, false).map_err(|e| driver_error("launch failed", e))?;
+            run(&mut output, job.zero_output)?;
         }
         let mut samples = Vec::new();
         let mut total = 0.0;
         loop {
-            let events = launch(&output, true).map_err(|e| driver_error("launch failed", e))?;
-            let (start, end) = events.ok_or("no timing events")?;
+            let start = timing_event()?;
+            run(&mut output, job.zero_output)?;
+            let end = timing_event()?;
             end.synchronize()
                 .map_err(|e| driver_error("the kernel failed", e))?;
             let s = start

@@ -6,6 +6,7 @@
 // warp's slots between two warp barriers and compute what the PTX ISA says each lane gets.
 // WMMA fragments are opaque in CUDA, so here every lane holds the whole tile.
 #pragma once
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -102,6 +103,10 @@ struct TslBlock {
 };
 TslBlock* tsl_block;
 thread_local int tsl_tid;
+
+// Split-K stores: blocks add into the output.
+inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
+inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
 
 inline void __syncthreads() { tsl_block->all->arrive_and_wait(); }
 inline int tsl_warp() { return tsl_tid / 32; }

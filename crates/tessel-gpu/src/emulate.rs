@@ -60,7 +60,7 @@ impl Emulator {
 
     /// Runs `kernel` (generated from `program`) on `inputs` (the operator's read operands, in
     /// order) and returns its output. The output starts as 0xff bytes (NaN for floats), so
-    /// elements the kernel never writes show.
+    /// elements the kernel never writes show; as zeros for split-K kernels, which add into it.
     pub fn run(
         &self,
         kernel: &Kernel,
@@ -123,8 +123,10 @@ impl Emulator {
                     call.push(format!("(const {}*)a{i}", c_type(t.dtype)));
                 }
                 None => {
+                    // NaN bytes show unwritten elements; split-K kernels add into zeros.
+                    let fill = if kernel.zero_output { 0 } else { 0xff };
                     main.push_str(&format!(
-                        "  void* a{i} = tsl_alloc({0});\n  std::memset(a{i}, 0xff, {0});\n",
+                        "  void* a{i} = tsl_alloc({0});\n  std::memset(a{i}, {fill}, {0});\n",
                         out.bytes()
                     ));
                     call.push(format!("({}*)a{i}", c_type(out.dtype)));

@@ -1,9 +1,10 @@
 //! tessel-gpu: the NVIDIA GPU backend.
 //!
 //! - [`codegen`]: a GPU program (tessel-ir, loops bound to blocks, warps and threads) becomes
-//!   one CUDA C++ kernel: WMMA Tensor Core fragments, block-wide shared-memory staging with
-//!   16-byte vectors and padded rows, multi-stage `cp.async` pipelines, and an epilogue (bias,
-//!   relu, cast) applied per element with the edge guards.
+//!   one CUDA C++ kernel: Tensor Cores through WMMA or `mma.sync` with `ldmatrix` (inline
+//!   PTX), block-wide shared-memory staging with 16-byte vectors and padded rows, multi-stage
+//!   `cp.async` pipelines, split-K, and an epilogue (bias, relu, cast) applied per element
+//!   with the edge guards.
 //! - [`emulate`]: runs generated kernels on the CPU (a thread per CUDA thread, warp-collective
 //!   operations emulated from the PTX ISA), to check what they compute without a GPU.
 //! - [`nvcc`]: compiles generated kernels without a GPU (nvcc from PyPI's wheels) and reads
@@ -21,7 +22,7 @@
 //!
 //! let op = "gemm:m=1024,n=1024,k=1024,dtype=f16".parse::<tessel_ir::Workload>().unwrap().to_op();
 //! let space = Space::new(&op, &InstructionSet::Gpu { cc: (8, 0) });
-//! let sketch = Sketch::TensorCore { mapping: 0, wm: 2, wn: 2, fm: 4, fn_: 4, kc: 2, stages: 3 };
+//! let sketch = Sketch::TensorCore { mapping: 0, wm: 2, wn: 2, fm: 4, fn_: 4, kc: 2, stages: 3, split: 1 };
 //! let (_, program) = space.lower(&sketch).unwrap();
 //! let kernel = tessel_gpu::generate(&program, "gemm").unwrap();
 //! assert!(kernel.source.contains("wmma::mma_sync"));

@@ -207,8 +207,12 @@ impl Walk<'_> {
                 }
                 self.c.simt_instructions += mult * instructions;
             }
-            Stmt::Store { dst, .. } => {
-                self.c.store_bytes += mult * self.bytes(dst);
+            Stmt::Store {
+                dst, accumulate, ..
+            } => {
+                // A split-K atomicAdd reads and writes at L2.
+                let rmw = if *accumulate { 2.0 } else { 1.0 };
+                self.c.store_bytes += mult * self.bytes(dst) * rmw;
             }
             Stmt::Copy { src, .. } => {
                 // A per-thread copy (into registers or a local buffer).
@@ -386,7 +390,13 @@ pub fn estimate_kernel(
     let dram_bytes = unique + (traffic - unique).max(0.0) * miss;
     let dram = dram_bytes / (dev.dram_gbs * 1e9);
 
-    let latency_s = sm_time.max(dram) + LAUNCH_S;
+    // Split-K zeroes the output first: one more launch, writing it once.
+    let zeroing = if kernel.zero_output {
+        LAUNCH_S + p.op.output.tensor.bytes() as f64 / (dev.dram_gbs * 1e9)
+    } else {
+        0.0
+    };
+    let latency_s = sm_time.max(dram) + LAUNCH_S + zeroing;
     let per_block = |x: f64| busiest as f64 * x;
     let parts = [
         ("compute", per_block(compute)),

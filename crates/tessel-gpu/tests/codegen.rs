@@ -24,6 +24,7 @@ fn tc(wm: u64, wn: u64, fm: u64, fn_: u64, kc: u64, stages: u32) -> Sketch {
         fn_,
         kc,
         stages,
+        split: 1,
     }
 }
 
@@ -166,6 +167,7 @@ fn mma_kernels() -> Vec<(String, Kernel)> {
                 fn_: 4,
                 kc: 1,
                 stages: 2,
+                split: 1,
             };
             let Ok((_, p)) = space.lower(&s) else {
                 continue;

@@ -113,6 +113,7 @@ fn the_worker_answers_bad_jobs_with_errors_and_keeps_serving() {
         grid: [1, 1, 1],
         block: [32, 1, 1],
         shared_bytes: 0,
+        zero_output: false,
         args: vec![Some(0), Some(1), None],
         tolerance: tessel_measure::check::tolerance(&op),
         op,

@@ -82,6 +82,7 @@ fn mma_sync_kernels_compute_the_operator_in_every_operand_orientation() {
                 fn_: 2,
                 kc: 2,
                 stages: 2,
+                split: 1,
             };
             if s.lower(&sketch).is_err() {
                 continue;
@@ -160,6 +161,7 @@ fn a_wrong_kernel_is_caught() {
         fn_: 2,
         kc: 1,
         stages: 1,
+        split: 1,
     };
     let (_, program) = s.lower(&sketch).unwrap();
     let mut kernel = generate(&program, "k").unwrap();
@@ -177,4 +179,47 @@ fn a_wrong_kernel_is_caught() {
     kernel.grid[1] -= 1;
     let bad = emu.run(&kernel, &program, &inputs).unwrap();
     assert!(max_relative_error(&bad, &want).0.is_infinite());
+}
+
+#[test]
+fn split_k_kernels_add_their_parts_into_the_output() {
+    let Some(emu) = emulator() else { return };
+    let mut checked = 0;
+    for spec in [
+        "gemm:m=32,n=32,k=200,dtype=f16",
+        "gemm:m=32,n=16,k=256,dtype=i8",
+        "dense:m=16,n=32,k=160,dtype=bf16",
+    ] {
+        let s = space(spec);
+        // The first WMMA and the first mma.sync mapping of each.
+        let mut families = std::collections::BTreeSet::new();
+        for (mapping, m) in s.mappings().iter().enumerate() {
+            let family = m.intrinsic.id.split('.').next().unwrap_or_default();
+            if !families.insert(family) {
+                continue;
+            }
+            for split in [2, 3] {
+                let sketch = Sketch::TensorCore {
+                    mapping,
+                    wm: 1,
+                    wn: 2,
+                    fm: 2,
+                    fn_: 1,
+                    kc: 1,
+                    stages: 2,
+                    split,
+                };
+                let (_, p) = s.lower(&sketch).unwrap();
+                let k = generate(&p, "k").unwrap();
+                assert!(
+                    k.zero_output && k.grid[2] == split as u32,
+                    "{spec} {sketch}"
+                );
+                assert!(k.source.contains("atomicAdd("), "{spec} {sketch}");
+                check(&emu, spec, &s, &sketch).unwrap();
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 10, "{checked}");
 }

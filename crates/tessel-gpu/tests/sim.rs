@@ -27,6 +27,7 @@ fn well_tiled() -> Sketch {
         fn_: 4,
         kc: 2,
         stages: 3,
+        split: 1,
     }
 }
 
@@ -56,6 +57,7 @@ fn naive_schedules_are_at_least_ten_times_slower() {
         fn_: 1,
         kc: 1,
         stages: 1,
+        split: 1,
     };
     let simt = Sketch::Simt {
         tx: 16,
@@ -148,4 +150,28 @@ fn fingerprints_carry_the_figures_the_features_read() {
         (108, 1.41, 2039.0)
     );
     assert!(h100.l2_bw_gbs > a100.l2_bw_gbs);
+}
+
+#[test]
+fn split_k_pays_off_where_the_output_is_too_small_to_fill_the_gpu() {
+    let a100 = device("a100").unwrap();
+    let latency = |spec: &str, split: u64| {
+        let s = Sketch::TensorCore {
+            mapping: 0,
+            wm: 2,
+            wn: 2,
+            fm: 2,
+            fn_: 2,
+            kc: 2,
+            stages: 3,
+            split,
+        };
+        estimate(&lower(spec, &s), &a100).unwrap().latency_s
+    };
+    // 128x128 output: 4 blocks of 64x64 for 108 SMs; k = 16384.
+    let skinny = "gemm:m=128,n=128,k=16384,dtype=f16";
+    let (one, eight) = (latency(skinny, 1), latency(skinny, 8));
+    assert!(one / eight > 3.0, "split 8: {eight:e} s against {one:e} s");
+    // 4096^3 already fills every SM: splitting only adds atomics and zeroing.
+    assert!(latency(GEMM, 2) > latency(GEMM, 1));
 }

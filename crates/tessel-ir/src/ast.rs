@@ -310,7 +310,9 @@ pub enum Stmt {
     },
     /// `dst = epilogue(acc)` where every guard holds. `point` gives each operator iteration
     /// variable's value (reductions as 0), for the epilogue's bias reads; `biases` are the bias
-    /// buffers in epilogue order.
+    /// buffers in epilogue order. With `accumulate` (split-K: blocks each reduce part of a
+    /// reduction loop bound to a block axis), `dst += acc` instead, atomically on a GPU; the
+    /// output then starts as zeros and the operator has no epilogue.
     Store {
         dst: BufferRef,
         acc: BufferRef,
@@ -318,6 +320,7 @@ pub enum Stmt {
         biases: Vec<usize>,
         guards: Vec<Guard>,
         step: Option<usize>,
+        accumulate: bool,
     },
     Tensorized(TensorizedCall),
     /// A block-wide barrier (GPU `__syncthreads`), around shared-memory staging.
@@ -444,13 +447,15 @@ impl Program {
                 acc,
                 guards,
                 step: st,
+                accumulate,
                 ..
             } => {
                 let _ = writeln!(
                     out,
-                    "{pad}{}{} = epilogue({}){}",
+                    "{pad}{}{} {} epilogue({}){}",
                     self.fmt_guards(guards),
                     self.fmt_ref(dst),
+                    if *accumulate { "+=" } else { "=" },
                     self.fmt_ref(acc),
                     step(st)
                 );

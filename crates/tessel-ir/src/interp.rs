@@ -163,6 +163,7 @@ impl Machine<'_> {
                 point,
                 biases,
                 guards,
+                accumulate,
                 ..
             } => {
                 if guards.iter().all(|g| g.holds(&self.vals)) {
@@ -175,6 +176,12 @@ impl Machine<'_> {
                     let v = self.p.op.apply_epilogue(v, &point, |i, idx| {
                         bias_bufs.get(i).map_or(0.0, |t| t.get_or_zero(idx))
                     });
+                    let v = if *accumulate {
+                        let t = self.p.buffers[dst.buffer].dtype;
+                        t.round(self.read(dst)? + v)
+                    } else {
+                        v
+                    };
                     self.write(dst, v)?;
                 }
             }

@@ -245,7 +245,13 @@ impl Schedule {
     fn set_kind(&mut self, name: &str, kind: LoopKind, what: &str) -> Result<(), String> {
         let p = self.find_free(name, what)?;
         let n = &self.nodes[self.loops[p].node];
-        if n.kind == IterKind::Reduction && kind != LoopKind::Unrolled {
+        // A reduction loop may be unrolled, or bound to a block axis (split-K: the blocks
+        // each reduce a part and add into the output).
+        let block_axis = matches!(
+            kind,
+            LoopKind::Bound(GpuAxis::BlockX | GpuAxis::BlockY | GpuAxis::BlockZ)
+        );
+        if n.kind == IterKind::Reduction && kind != LoopKind::Unrolled && !block_axis {
             return Err(format!("cannot {what} reduction loop `{name}`"));
         }
         let current = self.loops[p].kind;
@@ -379,10 +385,16 @@ impl Schedule {
                 }
                 if let Some(name) = at {
                     let p = self.find_free(name, "attach the accumulator to")?;
-                    if let Some(r) = self.loops[..=p]
-                        .iter()
-                        .find(|l| self.nodes[l.node].kind == IterKind::Reduction)
-                    {
+                    // (A reduction loop already bound to a block axis is split-K.)
+                    if let Some(r) = self.loops[..=p].iter().find(|l| {
+                        self.nodes[l.node].kind == IterKind::Reduction
+                            && !matches!(
+                                l.kind,
+                                LoopKind::Bound(
+                                    GpuAxis::BlockX | GpuAxis::BlockY | GpuAxis::BlockZ
+                                )
+                            )
+                    }) {
                         return Err(format!(
                             "reduction loop `{}` is not inside `{name}`",
                             self.nodes[r.node].name
@@ -870,14 +882,36 @@ impl Schedule {
                 "cache_write is attached inside the tensorized loops".into(),
             ));
         }
-        if let Some(j) =
-            (0..a_acc).find(|&j| self.nodes[self.loops[j].node].kind == IterKind::Reduction)
+        // Reduction loops outside the accumulator are split-K: bound to blocks, whose partial
+        // sums add into the output.
+        let mut split_k = false;
+        for j in (0..a_acc).filter(|&j| self.nodes[self.loops[j].node].kind == IterKind::Reduction)
         {
+            if !matches!(
+                self.loops[j].kind,
+                LoopKind::Bound(GpuAxis::BlockX | GpuAxis::BlockY | GpuAxis::BlockZ)
+            ) {
+                return Err(lower_err(format!(
+                    "reduction loop `{}` is outside the accumulator's anchor `{}`",
+                    vars[j].name,
+                    acc_at.clone().unwrap_or_default()
+                )));
+            }
+            split_k = true;
+        }
+        if let Some(j) = (a_acc..n).find(|&j| {
+            self.nodes[self.loops[j].node].kind == IterKind::Reduction
+                && matches!(self.loops[j].kind, LoopKind::Bound(_))
+        }) {
             return Err(lower_err(format!(
-                "reduction loop `{}` is outside the accumulator's anchor `{}`",
-                vars[j].name,
-                acc_at.unwrap_or_default()
+                "reduction loop `{}` is bound to a block axis inside the accumulator's anchor: each block would keep its own partial sum; attach the accumulator inside it",
+                vars[j].name
             )));
+        }
+        if split_k && (!op.epilogue.is_empty() || op.output.tensor.dtype != op.accumulator) {
+            return Err(lower_err(
+                "split-K (a reduction loop bound to a block axis) adds partial sums into the output: it needs an output in the accumulator's type and no epilogue".into(),
+            ));
         }
         let acc_loops: Vec<usize> = (a_acc..n)
             .filter(|&j| self.nodes[self.loops[j].node].kind == IterKind::Spatial)
@@ -921,6 +955,7 @@ impl Schedule {
                 biases: biases.clone(),
                 guards: spatial_guards,
                 step: acc_step,
+                accumulate: split_k,
             },
         );
 

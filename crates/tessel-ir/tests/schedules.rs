@@ -370,3 +370,45 @@ fn a_shared_cache_spans_the_warps_outside_its_anchor() {
     assert!(program.to_string().contains("bind(threadIdx.z) for m.1"));
     check_against_reference(&op, &t, 1).unwrap();
 }
+
+#[test]
+fn split_k_blocks_add_their_partial_sums_into_the_output() {
+    // k split in 3 parts on blockIdx.z; each block reduces its part into a per-thread
+    // accumulator and adds it into C.
+    let op = gemm("gemm:m=8,n=8,k=30,dtype=f16");
+    let split_k = |t: &mut Trace| {
+        t.split("k", &[10])
+            .reorder(&["k.0", "m", "n", "k.1"])
+            .bind("k.0", GpuAxis::BlockZ)
+            .bind("m", GpuAxis::ThreadY)
+            .bind("n", GpuAxis::ThreadX);
+    };
+    let mut t = Trace::new();
+    split_k(&mut t);
+    t.cache_write(scope("local"), Some("n"));
+    let program = t.lower(&op, &TestIntrinsics).unwrap();
+    let mut accumulating = 0;
+    program.body.walk(&mut |s| {
+        accumulating += matches!(
+            s,
+            Stmt::Store {
+                accumulate: true,
+                ..
+            }
+        ) as usize
+    });
+    assert_eq!(accumulating, 1);
+    assert!(program.to_string().contains("+= epilogue"));
+    check_against_reference(&op, &t, 3).unwrap();
+
+    // The accumulator outside the split loop would be one per block: refused.
+    let mut outside = Trace::new();
+    split_k(&mut outside);
+    let e = outside.lower(&op, &TestIntrinsics).unwrap_err().to_string();
+    assert!(e.contains("inside the accumulator's anchor"), "{e}");
+
+    // Partial sums cannot go through an epilogue.
+    let relu = gemm("gemm:m=8,n=8,k=30,dtype=f16,epilogue=relu");
+    let e = t.lower(&relu, &TestIntrinsics).unwrap_err().to_string();
+    assert!(e.contains("no epilogue"), "{e}");
+}

@@ -78,15 +78,38 @@ impl Space {
             nt.div_ceil(wn),
             (MAX_ACC_REGISTERS / (fm * acc_registers(i))).clamp(1, widest),
         );
+        let kc = pick(rng, kt, 4);
+        // Split-K one time in four where it applies and the reduction is long enough.
+        let steps = kt.div_ceil(kc);
+        let split = if self.split_k_allowed(mapping) && steps >= 4 && rng.chance(25) {
+            [2, 4, 8][rng.below(3) as usize].min(steps / 2)
+        } else {
+            1
+        };
         Sketch::TensorCore {
             mapping,
             wm,
             wn,
             fm,
             fn_,
-            kc: pick(rng, kt, 4),
+            kc,
             stages: 1 + rng.below(3) as u32,
+            split,
         }
+    }
+
+    /// Split-K adds partial sums into the output: it needs the output in the accumulator's
+    /// type, no epilogue, and blockIdx.z free (no batch dimension).
+    fn split_k_allowed(&self, mapping: usize) -> bool {
+        let op = &self.op;
+        op.epilogue.is_empty()
+            && op.output.tensor.dtype == op.accumulator
+            && self.mappings.get(mapping).is_some_and(|m| {
+                !m.mapping
+                    .outer
+                    .iter()
+                    .any(|v| self.kind(v) == IterKind::Spatial)
+            })
     }
 
     /// The two innermost spatial variables (y may be absent).
@@ -141,6 +164,7 @@ impl Space {
                     fn_,
                     kc,
                     stages,
+                    split,
                     ..
                 },
                 Sketch::TensorCore {
@@ -150,15 +174,17 @@ impl Space {
                     fn_: d,
                     kc: e,
                     stages: f,
+                    split: g,
                     ..
                 },
-            ) => match rng.below(6) {
+            ) => match rng.below(7) {
                 0 => *wm = a,
                 1 => *wn = b,
                 2 => *fm = c,
                 3 => *fn_ = d,
                 4 => *kc = e,
-                _ => *stages = f,
+                5 => *stages = f,
+                _ => *split = g,
             },
             (
                 Sketch::Simt {
@@ -204,13 +230,19 @@ impl Space {
                 fn_,
                 kc,
                 stages,
+                split,
             } => {
                 let m = self
                     .mappings
                     .get(*mapping)
                     .ok_or_else(|| format!("no mapping #{mapping}"))?;
-                if [*wm, *wn, *fm, *fn_, *kc].contains(&0) || *stages == 0 {
-                    return Err("tile factors and stages must be at least 1".into());
+                if [*wm, *wn, *fm, *fn_, *kc, *split].contains(&0) || *stages == 0 {
+                    return Err("tile factors, split and stages must be at least 1".into());
+                }
+                if *split > 1 && !self.split_k_allowed(*mapping) {
+                    return Err(
+                        "split-K needs an output in the accumulator's type, no epilogue and no batch dimension".into(),
+                    );
                 }
                 let threads = 32 * wm * wn;
                 if threads > GPU_MAX_THREADS {
@@ -272,7 +304,8 @@ impl Space {
                 fn_,
                 kc,
                 stages,
-            } => Ok(self.tensor_core_trace(*mapping, [*wm, *wn, *fm, *fn_, *kc], *stages)),
+                split,
+            } => Ok(self.tensor_core_trace(*mapping, [*wm, *wn, *fm, *fn_, *kc], *stages, *split)),
             Sketch::Simt {
                 tx,
                 ty,
@@ -315,6 +348,7 @@ impl Space {
         mapping: usize,
         [wm, wn, fm, fn_, kc]: [u64; 5],
         stages: u32,
+        split: u64,
     ) -> Trace {
         let m = &self.mappings[mapping];
         let (intr, map) = (m.intrinsic, &m.mapping);
@@ -349,23 +383,38 @@ impl Space {
         let (fm_, fn__, fk) = (&fused[0], &fused[1], &fused[2]);
         t.split(fm_, &[wm, fm, intr.m]);
         t.split(fn__, &[wn, fn_, intr.n]);
-        t.split(fk, &[kc, intr.k]);
         let p = |x: &str, i: u32| format!("{x}.{i}");
+        // Split-K: the outermost part of k (about `split` parts) goes to blockIdx.z.
+        let first_k = if split > 1 {
+            let k_extent = map.dims[2].extent;
+            let steps = k_extent.div_ceil(intr.k * kc).div_ceil(split);
+            t.split(fk, &[steps, kc, intr.k]);
+            1
+        } else {
+            t.split(fk, &[kc, intr.k]);
+            0
+        };
         let mut order: Vec<String> = s_outer.clone();
+        if split > 1 {
+            order.push(p(fk, 0));
+        }
         order.extend([p(fm_, 0), p(fn__, 0), p(fm_, 1), p(fn__, 1)]);
         order.extend(r_outer.iter().cloned());
-        order.extend([p(fk, 0), p(fk, 1), p(fm_, 2), p(fn__, 2)]);
-        order.extend([p(fm_, 3), p(fn__, 3), p(fk, 2)]);
+        order.extend([p(fk, first_k), p(fk, first_k + 1), p(fm_, 2), p(fn__, 2)]);
+        order.extend([p(fm_, 3), p(fn__, 3), p(fk, first_k + 2)]);
         let refs: Vec<&str> = order.iter().map(String::as_str).collect();
         t.reorder(&refs);
         self.bind_batch(&mut t, &s_outer);
+        if split > 1 {
+            t.bind(&p(fk, 0), GpuAxis::BlockZ);
+        }
         t.bind(&p(fm_, 0), GpuAxis::BlockY)
             .bind(&p(fn__, 0), GpuAxis::BlockX)
             .bind(&p(fm_, 1), GpuAxis::ThreadZ)
             .bind(&p(fn__, 1), GpuAxis::ThreadY);
         // One accumulator per warp (its fragments), staging per k block for the whole block.
         t.cache_write(scope("local"), Some(&p(fn__, 1)));
-        let k0 = p(fk, 0);
+        let k0 = p(fk, first_k);
         t.cache_read(map.operands[0], scope("shared"), Some(&k0))
             .cache_read(map.operands[1], scope("shared"), Some(&k0));
         if stages > 1 {
@@ -374,7 +423,11 @@ impl Space {
         t.unroll(&p(fm_, 2)).unroll(&p(fn__, 2));
         t.tensorize(
             intr.id,
-            &[("m", &p(fm_, 3)), ("n", &p(fn__, 3)), ("k", &p(fk, 2))],
+            &[
+                ("m", &p(fm_, 3)),
+                ("n", &p(fn__, 3)),
+                ("k", &p(fk, first_k + 2)),
+            ],
             &map.operands,
         );
         t

@@ -55,7 +55,7 @@ pub enum Sketch {
         /// padding included, so the inner loops read without bounds checks).
         cache_input: bool,
     },
-    /// A GPU kernel on Tensor Cores (WMMA): blocks of `wm x wn` warps, each warp computing
+    /// A GPU kernel on Tensor Cores (WMMA or mma.sync): blocks of `wm x wn` warps, each warp computing
     /// `fm x fn` instruction tiles; A and B staged in shared memory per `kc` k-steps.
     TensorCore {
         mapping: usize,
@@ -67,6 +67,10 @@ pub enum Sketch {
         kc: u64,
         /// Shared-memory buffers in flight (cp.async pipeline when above 1).
         stages: u32,
+        /// Split-K: the reduction is cut in this many parts, one per blockIdx.z, whose partial
+        /// sums add into the output (1: no split).
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        split: u64,
     },
     /// A GPU kernel on CUDA cores: each thread computes a `ry x rx` register tile of the two
     /// innermost output dimensions; blocks of `ty x tx` threads.
@@ -723,4 +727,12 @@ pub(crate) fn pick(rng: &mut Rng, extent: u64, max: u64) -> u64 {
     } else {
         1 + rng.below(hi)
     }
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn is_one(x: &u64) -> bool {
+    *x == 1
 }

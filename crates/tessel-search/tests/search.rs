@@ -384,6 +384,7 @@ fn gpu_spaces_use_tensor_cores_where_the_device_has_them() {
         fn_: 1,
         kc: 1,
         stages: 1,
+        split: 1,
     };
     let e = ampere.check(&huge).unwrap_err();
     assert!(e.contains("2048 threads"), "{e}");

@@ -42,6 +42,7 @@ template <int N> __device__ __forceinline__ void tsl_cp_wait() {
 #endif
 }
 
+#ifndef TSL_EMULATED  // (tessel-gpu's CPU emulator defines these itself)
 // ldmatrix: 8x8 tiles of 16-bit elements from shared memory; lane l gives the address of one
 // 16-byte row (lanes 0-7 the rows of the first tile, 8-15 the second, ...).
 __device__ __forceinline__ void tsl_ldsm_x4(unsigned* r, const void* p) {
@@ -75,6 +76,7 @@ __device__ __forceinline__ void tsl_mma_bf16(float* d, const unsigned* a, const 
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+#endif
 
 extern "C" __global__ void __launch_bounds__(128) k(const half* __restrict__ A, const half* __restrict__ B, const float* __restrict__ bias, float* __restrict__ C) {
   extern __shared__ __align__(16) unsigned char tsl_smem[];
