@@ -216,6 +216,19 @@ fn nvcc_compiles_generated_kernels_for_sm80_and_sm90() {
     let mut kernels = kernels_to_compile();
     assert!(kernels.len() >= 15, "{}", kernels.len());
     kernels.extend(mma_kernels());
+    // Split-K (atomicAdd into f32 and i32 outputs).
+    for spec in [
+        "gemm:m=64,n=64,k=512,dtype=f16",
+        "gemm:m=64,n=64,k=512,dtype=i8",
+    ] {
+        let mut s = tc(1, 2, 2, 2, 2, 2);
+        if let Sketch::TensorCore { split, .. } = &mut s {
+            *split = 4;
+        }
+        let k = generate(&lower(spec, &s), "split_k").unwrap();
+        assert!(k.zero_output && k.source.contains("atomicAdd("), "{spec}");
+        kernels.push((format!("{spec} {s}"), k));
+    }
     let nvcc = match Nvcc::find() {
         Ok(n) => n,
         Err(e) => {
