@@ -34,25 +34,20 @@ fn toolchain(e: impl std::fmt::Display) -> GpuError {
 }
 
 impl Emulator {
-    /// `$CXX`, else `g++` or `c++` on `PATH`.
+    /// `$CXX` (a path, or a name looked up on `PATH` when run), else `g++` or `c++` on `PATH`.
     pub fn find() -> Result<Emulator, GpuError> {
-        let mut candidates: Vec<PathBuf> = std::env::var_os("CXX")
-            .map(PathBuf::from)
-            .into_iter()
-            .collect();
-        if let Some(path) = std::env::var_os("PATH") {
-            for dir in std::env::split_paths(&path) {
-                candidates.push(dir.join("g++"));
-                candidates.push(dir.join("c++"));
-            }
+        let timeout = Duration::from_secs(120);
+        if let Some(cxx) = std::env::var_os("CXX") {
+            return Ok(Emulator {
+                cxx: PathBuf::from(cxx),
+                timeout,
+            });
         }
-        candidates
-            .into_iter()
-            .find(|c| c.is_file() || (c.components().count() == 1 && c.exists()))
-            .map(|cxx| Emulator {
-                cxx,
-                timeout: Duration::from_secs(120),
-            })
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        std::env::split_paths(&path)
+            .flat_map(|dir| [dir.join("g++"), dir.join("c++")])
+            .find(|c| c.is_file())
+            .map(|cxx| Emulator { cxx, timeout })
             .ok_or_else(|| {
                 toolchain("no C++ compiler for the GPU emulation (set CXX, or install g++)")
             })
