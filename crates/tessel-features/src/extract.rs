@@ -749,8 +749,9 @@ fn compute_token(
             } else {
                 1.0
             };
-            // Two FMA ports on current x86 cores.
-            (1, lanes as u64, 1, 2.0 * lanes, 2.0 * invocations)
+            // Two FMA ports on current x86 cores; the CUDA cores of an SM on a GPU.
+            let peak = target.scalar_macs_per_cycle * lanes;
+            (1, lanes as u64, 1, peak, 2.0 * invocations)
         }
         SiteKind::Copy | SiteKind::Store | SiteKind::Fill => {
             let bytes = site

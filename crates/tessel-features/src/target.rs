@@ -35,6 +35,11 @@ pub struct Target {
     /// parts 1, V100 and Ada 0.5, Hopper 2); 1 on CPUs.
     #[serde(default = "one")]
     pub matrix_scale: f64,
+    /// Multiply-accumulates per cycle per core of plain (unvectorized) code: 2 on a CPU core
+    /// (two FMA ports), the CUDA cores' fp32 FMA per SM on a GPU (64 on an A100). Where a
+    /// fingerprint does not say, 2 (CPU) or 64 (GPU).
+    #[serde(default = "two")]
+    pub scalar_macs_per_cycle: f64,
     /// The hardware token, built on first use (build a new target rather than editing one).
     #[serde(skip)]
     pub(crate) token: std::sync::OnceLock<Vec<f32>>,
@@ -42,6 +47,10 @@ pub struct Target {
 
 fn one() -> f64 {
     1.0
+}
+
+fn two() -> f64 {
+    2.0
 }
 
 /// `key=value` entries of a fingerprint's feature list (GPU fingerprints carry their clock,
@@ -104,6 +113,7 @@ impl Target {
             l2_bw_gbs: L2_BYTES_PER_CYCLE * clock_ghz * cores as f64,
             instructions,
             matrix_scale: 1.0,
+            scalar_macs_per_cycle: 2.0,
             token: Default::default(),
         }
     }
@@ -146,6 +156,7 @@ impl Target {
             l2_bw_gbs,
             instructions,
             matrix_scale: 1.0,
+            scalar_macs_per_cycle: 64.0,
             token: Default::default(),
         }
     }
@@ -180,6 +191,7 @@ impl Target {
                     figure(fp, "l2_gbs").unwrap_or(5000.0),
                 );
                 t.matrix_scale = figure(fp, "tc_scale").unwrap_or(1.0);
+                t.scalar_macs_per_cycle = figure(fp, "fp32_per_sm").unwrap_or(64.0);
                 Ok(t)
             }
             other => Err(FeatureError::Target(format!(

@@ -235,8 +235,8 @@ pub fn device(name: &str) -> Result<DeviceSpec, GpuError> {
 }
 
 /// The figures GPU fingerprints carry for the features (tessel-features'
-/// `Target::from_fingerprint`): the arch, the clock and DRAM bandwidth, and the L2 bandwidth and
-/// Tensor Core rate of `spec` (for a real GPU not in the table: typical figures of its
+/// `Target::from_fingerprint`): the arch, the clock and DRAM bandwidth, and the L2 bandwidth,
+/// Tensor Core rate and CUDA-core fp32 rate of `spec` (for a real GPU not in the table: typical figures of its
 /// compute capability).
 pub fn gpu_features(
     cc: (u32, u32),
@@ -244,13 +244,13 @@ pub fn gpu_features(
     dram_gbs: f64,
     spec: Option<&DeviceSpec>,
 ) -> Vec<String> {
-    let (l2_bytes_per_clock, tc_f16) = match spec {
-        Some(s) => (s.l2_bytes_per_clock, s.tc_f16),
+    let (l2_bytes_per_clock, tc_f16, fp32) = match spec {
+        Some(s) => (s.l2_bytes_per_clock, s.tc_f16, s.fp32),
         None => match cc {
-            (7, _) => (2048.0, 512.0),
-            (8, 0) => (5120.0, 1024.0),
-            (8, _) => (2048.0, 512.0),
-            _ => (5120.0, 2048.0),
+            (7, _) => (2048.0, 512.0, 64.0),
+            (8, 0) => (5120.0, 1024.0, 64.0),
+            (8, _) => (2048.0, 512.0, 128.0),
+            _ => (5120.0, 2048.0, 128.0),
         },
     };
     vec![
@@ -259,6 +259,7 @@ pub fn gpu_features(
         format!("dram_gbs={dram_gbs}"),
         format!("l2_gbs={:.0}", l2_bytes_per_clock * clock_ghz),
         format!("tc_scale={}", tc_f16 / CATALOG_TC_F16),
+        format!("fp32_per_sm={fp32}"),
     ]
 }
 

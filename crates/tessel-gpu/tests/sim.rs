@@ -150,6 +150,15 @@ fn fingerprints_carry_the_figures_the_features_read() {
         (108, 1.41, 2039.0)
     );
     assert!(h100.l2_bw_gbs > a100.l2_bw_gbs);
+    // CUDA-core fp32 FMA per SM per clock (what a SIMT kernel's compute token is rated at).
+    assert_eq!(
+        [
+            v100.scalar_macs_per_cycle,
+            a100.scalar_macs_per_cycle,
+            h100.scalar_macs_per_cycle
+        ],
+        [64.0, 64.0, 128.0]
+    );
 }
 
 #[test]
