@@ -61,9 +61,13 @@ pub fn encode(t: &TensorData) -> AlignedBuf {
 /// The tensor held by `bytes` (the inverse of [`encode`]); missing bytes read as zeros.
 pub fn decode(bytes: &[u8], shape: Vec<u64>, dtype: DType) -> TensorData {
     let n = shape.iter().product::<u64>() as usize * dtype.bytes();
-    let mut exact = bytes[..n.min(bytes.len())].to_vec();
-    exact.resize(n, 0);
-    TensorData::from_le_bytes(&exact, shape, dtype).expect("sized to the shape above")
+    if bytes.len() >= n {
+        // The common case: no copy.
+        return TensorData::from_le_bytes(&bytes[..n], shape, dtype).expect("exactly n bytes");
+    }
+    let mut padded = bytes.to_vec();
+    padded.resize(n, 0);
+    TensorData::from_le_bytes(&padded, shape, dtype).expect("padded to n bytes")
 }
 
 #[cfg(test)]

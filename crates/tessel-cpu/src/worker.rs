@@ -103,15 +103,7 @@ impl State {
             job.reference
         );
         if !self.prepared.contains_key(&key) {
-            let data: Vec<TensorData> = job
-                .op
-                .read_operands()
-                .iter()
-                .enumerate()
-                .map(|(i, o)| {
-                    TensorData::random(o.tensor.shape.clone(), o.tensor.dtype, job.seed + i as u64)
-                })
-                .collect();
+            let data = job.op.random_inputs(job.seed);
             let inputs = data.iter().map(encode).collect();
             let mut p = Prepared {
                 inputs,

@@ -1327,58 +1327,38 @@ impl Emitter<'_> {
             self.names[a_loop.var].clone(),
             self.names[b_loop.var].clone(),
         );
-        if self.tc.as_ref().is_some_and(|t| t.mma_sync) {
-            let load_a = self.ldmatrix(a, true, &format!("a[{an}]"))?;
-            let load_b = self.ldmatrix(b, false, &format!("b[{bn}]"))?;
-            self.line(&format!(
-                "unsigned a[{}][4], b[{}][2];",
-                a_loop.extent, b_loop.extent
-            ));
-            self.line("#pragma unroll");
-            self.line(&format!(
-                "for (int {an} = 0; {an} < {}; ++{an}) {load_a};",
-                a_loop.extent
-            ));
-            self.line("#pragma unroll");
-            self.line(&format!(
-                "for (int {bn} = 0; {bn} < {}; ++{bn}) {load_b};",
-                b_loop.extent
-            ));
-            let acc = self.fragment(&c.acc)?;
-            let f = self.mma_fn();
-            let (on, inn) = (self.names[o].clone(), self.names[i].clone());
-            self.line("#pragma unroll");
-            self.line(&format!(
-                "for (int {on} = 0; {on} < {}; ++{on})",
-                outer.extent
-            ));
-            self.line("#pragma unroll");
-            self.line(&format!(
-                "  for (int {inn} = 0; {inn} < {}; ++{inn})",
-                inner.extent
-            ));
-            self.line(&format!("    {f}({acc}, a[{an}], b[{bn}]);"));
-            return Ok(());
-        }
-        let (pa, lda, ra) = self.operand(a, vm, vk)?;
-        let (pb, ldb, rb) = self.operand(b, vk, vn)?;
-        let (ta, tb) = (
-            self.frag_type("matrix_a", ra),
-            self.frag_type("matrix_b", rb),
-        );
-        self.line(&format!("{ta} a[{}];", a_loop.extent));
-        self.line(&format!("{tb} b[{}];", b_loop.extent));
-        self.line("#pragma unroll");
-        self.line(&format!(
-            "for (int {an} = 0; {an} < {}; ++{an}) wmma::load_matrix_sync(a[{an}], {pa}, {lda});",
-            a_loop.extent
-        ));
-        self.line("#pragma unroll");
-        self.line(&format!(
-            "for (int {bn} = 0; {bn} < {}; ++{bn}) wmma::load_matrix_sync(b[{bn}], {pb}, {ldb});",
-            b_loop.extent
-        ));
         let acc = self.fragment(&c.acc)?;
+        // Per flavour: the operand arrays, one load of each, one multiply-accumulate.
+        let (decls, load_a, load_b, mma) = if self.tc.as_ref().is_some_and(|t| t.mma_sync) {
+            (
+                vec![format!(
+                    "unsigned a[{}][4], b[{}][2];",
+                    a_loop.extent, b_loop.extent
+                )],
+                self.ldmatrix(a, true, &format!("a[{an}]"))?,
+                self.ldmatrix(b, false, &format!("b[{bn}]"))?,
+                format!("{}({acc}, a[{an}], b[{bn}]);", self.mma_fn()),
+            )
+        } else {
+            let (pa, lda, ra) = self.operand(a, vm, vk)?;
+            let (pb, ldb, rb) = self.operand(b, vk, vn)?;
+            (
+                vec![
+                    format!("{} a[{}];", self.frag_type("matrix_a", ra), a_loop.extent),
+                    format!("{} b[{}];", self.frag_type("matrix_b", rb), b_loop.extent),
+                ],
+                format!("wmma::load_matrix_sync(a[{an}], {pa}, {lda})"),
+                format!("wmma::load_matrix_sync(b[{bn}], {pb}, {ldb})"),
+                format!("wmma::mma_sync({acc}, a[{an}], b[{bn}], {acc});"),
+            )
+        };
+        for d in &decls {
+            self.line(d);
+        }
+        for (v, extent, load) in [(&an, a_loop.extent, &load_a), (&bn, b_loop.extent, &load_b)] {
+            self.line("#pragma unroll");
+            self.line(&format!("for (int {v} = 0; {v} < {extent}; ++{v}) {load};"));
+        }
         let (on, inn) = (self.names[o].clone(), self.names[i].clone());
         self.line("#pragma unroll");
         self.line(&format!(
@@ -1390,9 +1370,7 @@ impl Emitter<'_> {
             "  for (int {inn} = 0; {inn} < {}; ++{inn})",
             inner.extent
         ));
-        self.line(&format!(
-            "    wmma::mma_sync({acc}, a[{an}], b[{bn}], {acc});"
-        ));
+        self.line(&format!("    {mma}"));
         Ok(())
     }
 

@@ -668,15 +668,7 @@ impl WorkerState {
 
 /// Uploads the inputs and computes what the output should be.
 fn prepare(stream: &Arc<CudaStream>, job: &GpuJob) -> Result<Prepared, String> {
-    let data: Vec<TensorData> = job
-        .op
-        .read_operands()
-        .iter()
-        .enumerate()
-        .map(|(i, o)| {
-            TensorData::random(o.tensor.shape.clone(), o.tensor.dtype, job.seed + i as u64)
-        })
-        .collect();
+    let data = job.op.random_inputs(job.seed);
     let inputs = data
         .iter()
         .map(|t| stream.clone_htod(&t.to_le_bytes()))

@@ -5,7 +5,7 @@
 
 use tessel_gpu::emulate::Emulator;
 use tessel_gpu::generate;
-use tessel_ir::{TensorData, Workload};
+use tessel_ir::Workload;
 use tessel_measure::check::{max_relative_error, tolerance, unravel};
 use tessel_search::rng::Rng;
 use tessel_search::{InstructionSet, Sketch, Space};
@@ -26,12 +26,7 @@ fn check(emu: &Emulator, spec: &str, space: &Space, sketch: &Sketch) -> Result<S
     let op = space.op();
     let (_, program) = space.lower(sketch)?;
     let kernel = generate(&program, "k").map_err(|e| e.to_string())?;
-    let inputs: Vec<TensorData> = op
-        .read_operands()
-        .iter()
-        .enumerate()
-        .map(|(i, o)| TensorData::random(o.tensor.shape.clone(), o.tensor.dtype, 7 + i as u64))
-        .collect();
+    let inputs = op.random_inputs(7);
     let want = op.reference(&inputs).map_err(|e| e.to_string())?;
     let got = emu
         .run(&kernel, &program, &inputs)
@@ -165,13 +160,7 @@ fn a_wrong_kernel_is_caught() {
     };
     let (_, program) = s.lower(&sketch).unwrap();
     let mut kernel = generate(&program, "k").unwrap();
-    let inputs: Vec<TensorData> = s
-        .op()
-        .read_operands()
-        .iter()
-        .enumerate()
-        .map(|(i, o)| TensorData::random(o.tensor.shape.clone(), o.tensor.dtype, 1 + i as u64))
-        .collect();
+    let inputs = s.op().random_inputs(1);
     let want = s.op().reference(&inputs).unwrap();
     let good = emu.run(&kernel, &program, &inputs).unwrap();
     assert!(max_relative_error(&good, &want).0 <= tolerance(s.op()));

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use tessel_intrin::{Catalog, DimAssignment, Intrinsic, Mapping, match_op};
-use tessel_ir::{ComputeOp, Conv2d, ConvLayout, DType, EpilogueSpec, TensorData, Types, Workload};
+use tessel_ir::{ComputeOp, Conv2d, ConvLayout, DType, EpilogueSpec, Types, Workload};
 
 fn arb_types() -> impl Strategy<Value = Types> {
     prop_oneof![
@@ -125,14 +125,6 @@ fn pick_intrinsic(op: &ComputeOp, index: usize) -> Intrinsic {
     }
 }
 
-fn inputs_for(op: &ComputeOp, seed: u64) -> Vec<TensorData> {
-    op.read_operands()
-        .iter()
-        .enumerate()
-        .map(|(i, o)| TensorData::random(o.tensor.shape.clone(), o.tensor.dtype, seed + i as u64))
-        .collect()
-}
-
 /// An assignment as a comparable key: operand order and each group as a set of names.
 fn key(m: &Mapping) -> ([usize; 2], [BTreeSet<String>; 3]) {
     let set = |d: &DimAssignment| d.vars.iter().cloned().collect::<BTreeSet<_>>();
@@ -203,7 +195,7 @@ proptest! {
         let op = w.to_op();
         let (mini, table) = miniature(&pick_intrinsic(&op, which), dims);
         let Ok(mappings) = match_op(&op, &mini) else { return Ok(()) };
-        let inputs = inputs_for(&op, seed);
+        let inputs = op.random_inputs(seed);
         let want = op.reference(&inputs).unwrap();
         for m in &mappings {
             let trace = m.to_trace(&mini);
@@ -251,7 +243,7 @@ fn real_amx_shapes_compute_a_padded_gemm_and_conv() {
     ] {
         let op = spec.parse::<Workload>().unwrap().to_op();
         let intr = catalog.get(id).unwrap();
-        let inputs = inputs_for(&op, 1);
+        let inputs = op.random_inputs(1);
         let want = op.reference(&inputs).unwrap();
         let mappings = match_op(&op, intr).unwrap();
         for m in mappings.iter().take(3) {

@@ -391,6 +391,22 @@ impl ComputeOp {
         Ok(result)
     }
 
+    /// Random inputs for the read operands ([`ComputeOp::read_operands`]): operand `i` is
+    /// `TensorData::random(shape, dtype, seed + i)`, the inputs every checker uses.
+    pub fn random_inputs(&self, seed: u64) -> Vec<TensorData> {
+        self.read_operands()
+            .iter()
+            .enumerate()
+            .map(|(i, o)| {
+                TensorData::random(
+                    o.tensor.shape.clone(),
+                    o.tensor.dtype,
+                    seed.wrapping_add(i as u64),
+                )
+            })
+            .collect()
+    }
+
     /// One element of [`ComputeOp::reference`]: the output at `out_index`, summed over the
     /// reduction variables in the same order (so it rounds the same way), then the epilogue.
     /// Checks a few points of an operator too large to interpret whole.

@@ -13,12 +13,7 @@ proptest! {
     #[test]
     fn one_element_of_the_reference_is_the_reference_at_that_element(w in arb_workload(), seed in any::<u64>()) {
         let op = w.to_op();
-        let inputs: Vec<tessel_ir::TensorData> = op
-            .read_operands()
-            .iter()
-            .enumerate()
-            .map(|(i, o)| tessel_ir::TensorData::random(o.tensor.shape.clone(), o.tensor.dtype, seed + i as u64))
-            .collect();
+        let inputs = op.random_inputs(seed);
         let whole = op.reference(&inputs).unwrap();
         let shape = &op.output.tensor.shape;
         let mut index = vec![0i64; shape.len()];

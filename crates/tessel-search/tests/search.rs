@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::hash::{Hash, Hasher};
 
 use proptest::prelude::*;
-use tessel_ir::{TensorData, Workload};
+use tessel_ir::Workload;
 use tessel_measure::{
     Candidate, HardwareFingerprint, MeasureResult, Measurement, Measurer, Timing,
 };
@@ -141,12 +141,7 @@ fn sampled_and_mutated_schedules_agree(
     let op = spec.parse::<Workload>().unwrap().to_op();
     let space = Space::new(&op, set);
     let mut rng = Rng::new(seed);
-    let inputs: Vec<TensorData> = op
-        .read_operands()
-        .iter()
-        .enumerate()
-        .map(|(i, o)| TensorData::random(o.tensor.shape.clone(), o.tensor.dtype, i as u64))
-        .collect();
+    let inputs = op.random_inputs(0);
     let want = op.reference(&inputs).unwrap();
     let mut s = space.sample(&mut rng);
     for _ in 0..3 {

@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 use tessel_ir::{
     AffineExpr, ComputeOp, Conv2d, ConvLayout, DType, EpilogueSpec, IntrinsicResolver, IterKind,
-    IterVar, LayoutTransform, Operand, Scope, TensorData, TensorDecl, Trace, Types, Workload,
+    IterVar, LayoutTransform, Operand, Scope, TensorDecl, Trace, Types, Workload,
 };
 
 /// Resolves ids `mma.MxNxK.A.B`: `C[i,j] += A[i,kk] * B[kk,j]` with those extents and dtypes.
@@ -171,21 +171,12 @@ pub fn arb_workload() -> impl Strategy<Value = Workload> {
     prop_oneof![gemm, bmm, conv]
 }
 
-/// Random inputs for an operator's read operands.
-pub fn inputs_for(op: &ComputeOp, seed: u64) -> Vec<TensorData> {
-    op.read_operands()
-        .iter()
-        .enumerate()
-        .map(|(i, o)| TensorData::random(o.tensor.shape.clone(), o.tensor.dtype, seed + i as u64))
-        .collect()
-}
-
 /// Runs the program and the reference; integers must agree exactly, floats within rounding.
 pub fn check_against_reference(op: &ComputeOp, trace: &Trace, seed: u64) -> Result<(), String> {
     let program = trace
         .lower(op, &TestIntrinsics)
         .map_err(|e| format!("lowering failed: {e}"))?;
-    let inputs = inputs_for(op, seed);
+    let inputs = op.random_inputs(seed);
     let got = program
         .run(&inputs)
         .map_err(|e| format!("run failed: {e}\n{program}"))?;
