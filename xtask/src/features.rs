@@ -1,15 +1,13 @@
 //! `cargo xtask features`: the allocation features of one candidate, column by column.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
-use tessel_features::{COLUMNS, Column, Features, SCHEMA_VERSION, Source, Target, extract};
-use tessel_intrin::Catalog;
-use tessel_ir::{Program, Trace, Workload};
-use tessel_search::TuningRecord;
-
-use crate::tune::read_log_warning;
+use tessel::features::{COLUMNS, Column, Features, SCHEMA_VERSION, Source, Target, extract};
+use tessel::intrin::Catalog;
+use tessel::ir::{Program, Trace, Workload};
+use tessel::search::TuningRecord;
 
 #[derive(Serialize)]
 struct Report<'a> {
@@ -28,24 +26,37 @@ struct TokenReport {
     values: Vec<f32>,
 }
 
+#[derive(clap::Args)]
+pub struct FeaturesArgs {
+    /// A workload spec (with --trace; with --log, picks among its workloads).
+    #[arg(long)]
+    workload: Option<String>,
+    /// A trace (JSON), e.g. from `cargo xtask best --emit trace`.
+    #[arg(long, conflicts_with = "log")]
+    trace: Option<PathBuf>,
+    /// A tuning log: its best record.
+    #[arg(long)]
+    log: Option<PathBuf>,
+    /// Cores the target uses (with --trace).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    #[arg(long)]
+    json: bool,
+}
+
 /// The features of `--trace` on this CPU, or of the best record of `--log` on the machine
 /// that measured it.
-pub fn run(
-    workload: Option<&str>,
-    trace: Option<&Path>,
-    log: Option<&Path>,
-    threads: usize,
-    json: bool,
-) -> Result<()> {
+pub fn run(a: &FeaturesArgs) -> Result<()> {
+    let (workload, json) = (a.workload.as_deref(), a.json);
     let catalog = Catalog::default();
-    let (spec, trace, target) = match (trace, log) {
+    let (spec, trace, target) = match (a.trace.as_deref(), a.log.as_deref()) {
         (Some(path), None) => {
             let spec = workload.context("--trace needs --workload")?;
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading trace {}", path.display()))?;
             let trace = Trace::from_json(&text)
                 .with_context(|| format!("parsing trace {}", path.display()))?;
-            let fp = tessel_cpu::fingerprint(threads, "gcc");
+            let fp = tessel::cpu::fingerprint(a.threads, "gcc");
             (spec.to_string(), trace, Target::from_fingerprint(&fp)?)
         }
         (None, Some(path)) => {
@@ -82,7 +93,7 @@ pub fn run(
         "{spec} on {} (feature schema v{SCHEMA_VERSION}, {} tokens of {} columns; zero columns omitted)",
         target.name,
         features.len(),
-        tessel_features::WIDTH
+        tessel::features::WIDTH
     );
     for i in 0..features.len() {
         let title = match features.sources[i] {
@@ -112,7 +123,7 @@ fn buffer_name(program: &Program, f: &Features, i: usize) -> Option<String> {
 
 /// The fastest successful record, of `workload` where given.
 fn best_record(path: &Path, workload: Option<&str>) -> Result<TuningRecord> {
-    let contents = read_log_warning(path)?;
+    let contents = tessel::read_log_noting(path, &mut crate::progress::Bar::new(false))?;
     let mut workloads: Vec<&str> = contents
         .records
         .iter()
@@ -131,13 +142,7 @@ fn best_record(path: &Path, workload: Option<&str>) -> Result<TuningRecord> {
         ),
     };
     contents
-        .records
-        .into_iter()
-        .filter(|r| r.workload == wanted && r.latency().is_some())
-        .min_by(|a, b| {
-            a.latency()
-                .unwrap_or(f64::MAX)
-                .total_cmp(&b.latency().unwrap_or(f64::MAX))
-        })
+        .best_of(&wanted)
+        .cloned()
         .with_context(|| format!("{} holds no successful record of {wanted}", path.display()))
 }

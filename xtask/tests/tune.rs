@@ -138,7 +138,7 @@ fn bad_input_is_a_clear_error() {
             "--model",
             "m.safetensors"
         ])
-        .contains("--model")
+        .contains("m.safetensors")
     );
     assert!(run(&["best", "--log", "/nonexistent/log.jsonl"]).contains("no successful record"));
 }

@@ -7,7 +7,7 @@
 //! register block of `mr x nr` instruction tiles whose accumulators stay in registers across
 //! the innermost reduction loop.
 
-use tessel_intrin::Catalog;
+use tessel_intrin::{Catalog, Intrinsic};
 use tessel_ir::{LayoutTransform, Scope, Trace, Workload};
 
 /// The tile sizes of a reference GEMM schedule.
@@ -22,22 +22,39 @@ pub struct GemmPlan {
 
 impl GemmPlan {
     /// The default plan for an instruction: the largest register block its register file
-    /// holds, with m dividing `m` where possible (padding would disable register blocking).
-    pub fn for_instruction(id: &str, m: u64, k: u64) -> GemmPlan {
-        let (candidates, nr): (&[u64], u64) = match id {
+    /// holds whose m and n extents divide `m` and `n` where possible (padding would disable
+    /// register blocking: a padded tile is staged, tens of times slower).
+    pub fn for_instruction(intr: &Intrinsic, m: u64, n: u64, k: u64) -> GemmPlan {
+        let id = intr.id;
+        // (accumulator budget, widest nr) per register file.
+        let (budget, max_nr): (u64, u64) = match id {
             // 2x2 accumulator tiles + 2 A + 2 B = all 8 tiles.
-            "amx.tdpbf16ps" | "amx.tdpbusd" | "amx.tdpbssd" => (&[2, 1], 2),
-            // 32 zmm: up to 8x3 = 24 accumulators, 3 B vectors, one broadcast.
-            "avx512.vfmadd231ps" | "avx512.vpdpbusd" | "avx512.vdpbf16ps" => (&[8, 6, 4, 2, 1], 3),
+            "amx.tdpbf16ps" | "amx.tdpbusd" | "amx.tdpbssd" => (4, 2),
+            // 32 zmm: up to 24 accumulators, nr B vectors, one broadcast.
+            "avx512.vfmadd231ps" | "avx512.vpdpbusd" | "avx512.vdpbf16ps" => (24, 4),
             // 16 ymm: 6x2 = 12 accumulators (or 4x2), 2 B vectors, one broadcast.
-            _ => (&[6, 4, 2, 1], 2),
+            _ => (12, 2),
         };
-        let mi = if id.starts_with("amx") { 16 } else { 1 };
-        let mr = candidates
-            .iter()
-            .copied()
-            .find(|&c| m.is_multiple_of(c * mi))
-            .unwrap_or(1);
+        let (mi, ni) = (intr.m, intr.n);
+        // The most accumulators without padding; ties go to the wider m (B reuse).
+        let mut best = (1u64, 1u64);
+        for nr in (1..=max_nr).rev() {
+            for mr in (1..=budget / nr).rev() {
+                let fits = m.is_multiple_of(mr * mi) && n.is_multiple_of(nr * ni);
+                if fits && mr * nr > best.0 * best.1 {
+                    best = (mr, nr);
+                }
+            }
+        }
+        if best == (1, 1) && !(m.is_multiple_of(mi) && n.is_multiple_of(ni)) {
+            // Nothing avoids padding: the largest block.
+            best = match budget {
+                4 => (2, 2),
+                24 => (8, 3),
+                _ => (6, 2),
+            };
+        }
+        let (mr, nr) = best;
         let kc = [512u64, 256, 128, 64, 32, 16, 8, 4, 2, 1]
             .into_iter()
             .find(|&c| k.is_multiple_of(c))
@@ -54,7 +71,7 @@ pub fn reference_gemm(
     id: &str,
     plan: Option<GemmPlan>,
 ) -> Result<Trace, String> {
-    let Workload::Gemm { m, k, types, .. } = workload else {
+    let Workload::Gemm { m, n, k, types, .. } = workload else {
         return Err(format!(
             "reference schedules are for gemm workloads, not `{workload}`"
         ));
@@ -69,7 +86,7 @@ pub fn reference_gemm(
             intr.a, intr.b, types.dtype, types.wdtype
         ));
     }
-    let plan = plan.unwrap_or_else(|| GemmPlan::for_instruction(id, *m, *k));
+    let plan = plan.unwrap_or_else(|| GemmPlan::for_instruction(intr, *m, *n, *k));
     let (mi, ni, ki) = (intr.m, intr.n, intr.k);
     let kc = plan.kc.max(ki) / ki * ki;
     // How many K elements share one 32-bit slot of B (the VNNI group).
@@ -110,16 +127,7 @@ pub fn reference_gemm(
     Ok(t)
 }
 
-/// The CPU instructions the code generator supports, in the order benchmarks report them.
-pub const CPU_INSTRUCTIONS: [&str; 7] = [
-    "amx.tdpbf16ps",
-    "amx.tdpbusd",
-    "amx.tdpbssd",
-    "avx512.vpdpbusd",
-    "avx512.vdpbf16ps",
-    "avx512.vfmadd231ps",
-    "avx2.vfmadd231ps",
-];
+pub use tessel_intrin::CPU_INSTRUCTIONS;
 
 /// The workload spec of an `m x n x k` GEMM in the dtypes instruction `id` multiplies.
 pub fn gemm_spec(id: &str, m: u64, n: u64, k: u64) -> String {

@@ -7,6 +7,8 @@
 //!   levels), published throughput, and what enables it.
 //! - [`HostCpu`]: run-time detection of what this CPU supports (cpuid; AMX needs the OS's
 //!   permission too, requested once per process).
+//! - [`CPU_INSTRUCTIONS`] and [`CPU_PLATFORMS`]: what the CPU code generator supports and the
+//!   platforms datasets are measured on.
 //! - [`match_op`]: every [`Mapping`] of an operator onto an instruction, with padding waste and
 //!   the transforms (VNNI packing, transposes, im2col) each operand needs.
 //!
@@ -28,6 +30,7 @@ mod catalog;
 mod desc;
 mod host;
 mod matching;
+mod platform;
 
 pub use catalog::{Catalog, catalog};
 pub use desc::{
@@ -35,3 +38,4 @@ pub use desc::{
 };
 pub use host::{HostCpu, Support};
 pub use matching::{DimAssignment, Mapping, MatchError, OperandTransform, TransformKind, match_op};
+pub use platform::{CPU_INSTRUCTIONS, CPU_PLATFORMS, CpuPlatform, UnknownPlatform};

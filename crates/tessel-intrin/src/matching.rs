@@ -96,11 +96,11 @@ impl Mapping {
         self.transforms.iter().map(|t| t.bytes).sum()
     }
 
-    /// The schedule that computes the operator through this mapping: group variables fused,
-    /// split by the instruction's extents (padding), and the inner parts tensorized.
-    pub fn to_trace(&self, intr: &Intrinsic) -> Trace {
-        let mut t = Trace::new();
-        let mut order: Vec<&str> = self.outer.iter().map(String::as_str).collect();
+    /// Appends to `t` the steps that make one loop per instruction dimension: `outer` (the
+    /// variables outside the instruction, in the order wanted) first, then each dimension's
+    /// variables adjacent and fused. Returns the fused loops' names, m, n and k.
+    pub fn fuse_dims(&self, t: &mut Trace, outer: &[&str]) -> Vec<String> {
+        let mut order: Vec<&str> = outer.to_vec();
         for d in &self.dims {
             order.extend(d.vars.iter().map(String::as_str));
         }
@@ -113,6 +113,15 @@ impl Mapping {
             }
             fused.push(refs.join("_"));
         }
+        fused
+    }
+
+    /// The schedule that computes the operator through this mapping: group variables fused,
+    /// split by the instruction's extents (padding), and the inner parts tensorized.
+    pub fn to_trace(&self, intr: &Intrinsic) -> Trace {
+        let mut t = Trace::new();
+        let outer: Vec<&str> = self.outer.iter().map(String::as_str).collect();
+        let fused = self.fuse_dims(&mut t, &outer);
         for (d, ext) in fused.iter().zip([intr.m, intr.n, intr.k]) {
             t.split(d, &[ext]);
         }

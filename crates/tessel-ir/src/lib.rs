@@ -45,7 +45,9 @@ pub use ast::{
 pub use data::TensorData;
 pub use dtype::DType;
 pub use error::{ExecError, NetworkError, OpError, ScheduleError, SpecError, TraceIoError};
-pub use network::{Layer, MOBILENET_V2_BLOCKS, NETWORKS, Network, Task, network};
+pub use network::{
+    Layer, MOBILENET_V2_BLOCKS, NETWORKS, Network, Task, network, network_with_types,
+};
 pub use op::{AffineExpr, ComputeOp, Epilogue, IterKind, IterVar, Operand, TensorDecl};
 pub use schedule::Schedule;
 pub use trace::{GpuAxis, IntrinsicResolver, LayoutTransform, Scope, Step, Trace};

@@ -106,12 +106,18 @@ impl Network {
 
 /// Builds a network by name (see [`NETWORKS`]) at a batch size, with every operator in `dtype`.
 pub fn network(name: &str, batch: u64, dtype: DType) -> Result<Network, NetworkError> {
+    network_with_types(name, batch, Types::same(dtype))
+}
+
+/// Builds a network whose operators take `types` (e.g. u8 activations with i8 weights, as
+/// quantized models run on VNNI and AMX-int8).
+pub fn network_with_types(name: &str, batch: u64, types: Types) -> Result<Network, NetworkError> {
     if batch == 0 {
         return Err(NetworkError::ZeroBatch);
     }
     let mut b = Builder {
         graph: DiGraph::new(),
-        types: Types::same(dtype),
+        types,
     };
     match name {
         "resnet50" => resnet50(&mut b, batch),

@@ -12,6 +12,18 @@ pub enum SearchError {
     },
     #[error("cannot encode a record: {0}")]
     Encode(String),
+    #[error("record of `{spec}`: {source}")]
+    RecordWorkload {
+        spec: String,
+        #[source]
+        source: tessel_ir::SpecError,
+    },
+    #[error("record of {workload}: its trace does not lower: {source}")]
+    RecordTrace {
+        workload: String,
+        #[source]
+        source: tessel_ir::ScheduleError,
+    },
     #[error("no tasks to tune")]
     NoTasks,
 }

@@ -23,14 +23,13 @@
 //! ```
 
 mod error;
-mod gpu_space;
 pub mod records;
 pub mod rng;
 mod search;
 mod space;
 
 pub use error::SearchError;
-pub use gpu_space::{GPU_MAX_SHARED_BYTES, GPU_MAX_THREADS};
 pub use records::{RecordLog, TuningRecord, read_log};
 pub use search::{Best, Progress, RandomModel, SearchOptions, Stats, Task, Tuner};
+pub use space::gpu::{GPU_MAX_SHARED_BYTES, GPU_MAX_THREADS};
 pub use space::{CPU_INSTRUCTIONS, InstructionSet, Sketch, Space, SpaceMapping, max_accumulators};

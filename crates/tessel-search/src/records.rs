@@ -4,12 +4,13 @@
 //! most the batch in flight. Reading a log reports every corrupt or truncated line with its
 //! number and skips it; it never fails the whole log.
 
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use tessel_ir::Trace;
+use tessel_ir::{IntrinsicResolver, Program, Trace, Workload};
 use tessel_measure::{HardwareFingerprint, MeasureError, Measurement};
 
 use crate::error::SearchError;
@@ -35,6 +36,48 @@ pub struct TuningRecord {
 }
 
 impl TuningRecord {
+    /// A record of `trace` of `workload` measured now on the machine `fingerprint` names.
+    pub fn new(
+        workload: &Workload,
+        target: &str,
+        fingerprint: HardwareFingerprint,
+        trace: Trace,
+        mapping: Option<String>,
+        result: Result<Measurement, MeasureError>,
+    ) -> Self {
+        TuningRecord {
+            workload: workload.to_string(),
+            target: target.to_string(),
+            fingerprint,
+            trace,
+            mapping,
+            result,
+            version: TESSEL_VERSION.to_string(),
+            time: now(),
+        }
+    }
+
+    /// The record's workload, parsed from its spec.
+    pub fn parse_workload(&self) -> Result<Workload, SearchError> {
+        self.workload
+            .parse()
+            .map_err(|source| SearchError::RecordWorkload {
+                spec: self.workload.clone(),
+                source,
+            })
+    }
+
+    /// The program the record measured: its trace replayed on its workload and lowered.
+    pub fn program(&self, intrinsics: &dyn IntrinsicResolver) -> Result<Program, SearchError> {
+        let op = self.parse_workload()?.to_op();
+        self.trace
+            .lower(&op, intrinsics)
+            .map_err(|source| SearchError::RecordTrace {
+                workload: self.workload.clone(),
+                source,
+            })
+    }
+
     /// Median latency in seconds, if the candidate ran.
     pub fn latency(&self) -> Option<f64> {
         self.result.as_ref().ok().map(|m| m.timing.median_s)
@@ -72,6 +115,35 @@ pub struct CorruptLine {
 pub struct LogContents {
     pub records: Vec<TuningRecord>,
     pub corrupt: Vec<CorruptLine>,
+}
+
+impl LogContents {
+    /// The fastest successful record per (workload, target), in key order.
+    pub fn best(&self) -> BTreeMap<(String, String), &TuningRecord> {
+        let mut best: BTreeMap<(String, String), &TuningRecord> = BTreeMap::new();
+        for r in &self.records {
+            let Some(lat) = r.latency() else { continue };
+            let key = (r.workload.clone(), r.target.clone());
+            if best
+                .get(&key)
+                .and_then(|b| b.latency())
+                .is_none_or(|b| lat < b)
+            {
+                best.insert(key, r);
+            }
+        }
+        best
+    }
+
+    /// The fastest successful record of `workload` (any target).
+    pub fn best_of(&self, workload: &str) -> Option<&TuningRecord> {
+        self.records
+            .iter()
+            .filter(|r| r.workload == workload)
+            .filter_map(|r| r.latency().map(|l| (l, r)))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, r)| r)
+    }
 }
 
 /// Reads every record of `path` (gzip-compressed where the name ends in `.gz`, as the

@@ -13,7 +13,7 @@ use tessel_ir::{Program, Trace, Workload};
 use tessel_measure::{CostModel, MeasureResult, Measurer};
 
 use crate::error::SearchError;
-use crate::records::{RecordLog, TESSEL_VERSION, TuningRecord, now};
+use crate::records::{RecordLog, TuningRecord};
 use crate::rng::Rng;
 use crate::space::{InstructionSet, Sketch, Space};
 
@@ -390,19 +390,18 @@ impl<'a> Tuner<'a> {
         let results = self.measurer.measure(&cands);
         self.stats.measure_time_s += t.elapsed().as_secs_f64();
         let fp = self.measurer.fingerprint().clone();
-        let spec = task.workload.to_string();
         let records: Vec<TuningRecord> = batch
             .iter()
             .zip(&results)
-            .map(|(p, r)| TuningRecord {
-                workload: spec.clone(),
-                target: self.target.clone(),
-                fingerprint: fp.clone(),
-                trace: p.trace.clone(),
-                mapping: task.space.mapping_label(&p.sketch),
-                result: r.clone(),
-                version: TESSEL_VERSION.to_string(),
-                time: now(),
+            .map(|(p, r)| {
+                TuningRecord::new(
+                    &task.workload,
+                    &self.target,
+                    fp.clone(),
+                    p.trace.clone(),
+                    task.space.mapping_label(&p.sketch),
+                    r.clone(),
+                )
             })
             .collect();
         // Durable before anything learns from it.

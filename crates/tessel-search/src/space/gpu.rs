@@ -6,8 +6,8 @@
 use tessel_intrin::{Catalog, Platform, Requirement};
 use tessel_ir::{GpuAxis, IterKind, Scope, Trace};
 
+use super::{Sketch, Space, pick};
 use crate::rng::Rng;
-use crate::space::{Sketch, Space, pick};
 
 /// Threads per block, the CUDA limit.
 pub const GPU_MAX_THREADS: u64 = 1024;
@@ -365,21 +365,10 @@ impl Space {
             .filter(|v| self.kind(v) == IterKind::Reduction)
             .cloned()
             .collect();
-        // Group variables adjacent (batch first), then one fused loop per instruction dimension.
-        let mut first: Vec<&str> = s_outer.iter().map(String::as_str).collect();
-        first.extend(r_outer.iter().map(String::as_str));
-        for d in &map.dims {
-            first.extend(d.vars.iter().map(String::as_str));
-        }
-        t.reorder(&first);
-        let mut fused = Vec::new();
-        for d in &map.dims {
-            let refs: Vec<&str> = d.vars.iter().map(String::as_str).collect();
-            if refs.len() > 1 {
-                t.fuse(&refs);
-            }
-            fused.push(refs.join("_"));
-        }
+        // Batch (spatial) loops first, then the outer reductions.
+        let mut outer: Vec<&str> = s_outer.iter().map(String::as_str).collect();
+        outer.extend(r_outer.iter().map(String::as_str));
+        let fused = map.fuse_dims(&mut t, &outer);
         let (fm_, fn__, fk) = (&fused[0], &fused[1], &fused[2]);
         t.split(fm_, &[wm, fm, intr.m]);
         t.split(fn__, &[wn, fn_, intr.n]);

@@ -11,6 +11,12 @@ use tessel_ir::{ComputeOp, IterKind, LayoutTransform, Program, Scope, Trace};
 
 use crate::rng::Rng;
 
+mod cpu;
+pub(crate) mod gpu;
+
+pub use cpu::max_accumulators;
+use cpu::promise;
+
 /// At most this many mappings per instruction (least padding first) enter the space.
 const MAX_MAPPINGS_PER_INSTRUCTION: usize = 8;
 
@@ -122,16 +128,7 @@ fn catalog_static() -> &'static Catalog {
     CATALOG.get_or_init(Catalog::default)
 }
 
-/// Instruction ids the CPU code generator supports.
-pub const CPU_INSTRUCTIONS: [&str; 7] = [
-    "amx.tdpbf16ps",
-    "amx.tdpbusd",
-    "amx.tdpbssd",
-    "avx512.vpdpbusd",
-    "avx512.vdpbf16ps",
-    "avx512.vfmadd231ps",
-    "avx2.vfmadd231ps",
-];
+pub use tessel_intrin::CPU_INSTRUCTIONS;
 
 impl Space {
     /// The space of `op` over `set`'s instructions. Instructions that cannot serve the operator
@@ -145,7 +142,7 @@ impl Space {
             InstructionSet::Host => CPU_INSTRUCTIONS.iter().map(|s| s.to_string()).collect(),
             InstructionSet::Only(ids) => ids.clone(),
             InstructionSet::None => Vec::new(),
-            InstructionSet::Gpu { cc } => crate::gpu_space::gpu_instructions(catalog, *cc),
+            InstructionSet::Gpu { cc } => gpu::gpu_instructions(catalog, *cc),
         };
         for id in ids {
             let Some(intr) = catalog.get(&id) else {
@@ -233,65 +230,6 @@ impl Space {
             return self.sample_scalar(rng);
         }
         self.sample_tensorized(choice, rng)
-    }
-
-    fn sample_tensorized(&self, mapping: usize, rng: &mut Rng) -> Sketch {
-        let m = &self.mappings[mapping];
-        let intr = m.intrinsic;
-        let tiles = |d: usize, ext: u64| m.mapping.dims[d].extent.div_ceil(ext);
-        let (mt, nt, kt) = (tiles(0, intr.m), tiles(1, intr.n), tiles(2, intr.k));
-        let max_acc = max_accumulators(intr);
-        let mr = pick(rng, mt, max_acc.min(8));
-        let nr = pick(rng, nt, (max_acc / mr).clamp(1, 8));
-        let kc = pick(rng, kt, 1024 / intr.k.max(1));
-        Sketch::Tensorized {
-            mapping,
-            mr,
-            nr,
-            kc,
-            order: rng.below(3) as u8,
-            pack_b: rng.chance(75),
-            cache_a: if rng.chance(50) {
-                Some(rng.below(3) as u8)
-            } else {
-                None
-            },
-            parallel: rng.chance(80),
-            local_acc: rng.chance(80),
-            unroll: rng.chance(90),
-        }
-    }
-
-    fn sample_scalar(&self, rng: &mut Rng) -> Sketch {
-        let tiles = self
-            .spatial()
-            .iter()
-            .map(|&v| {
-                let e = self.op.iter_vars[v].extent;
-                let inner = pick(rng, e, 64);
-                let middle = pick(rng, e.div_ceil(inner), 16);
-                (middle, inner)
-            })
-            .collect();
-        let rtiles = self
-            .reductions()
-            .iter()
-            .map(|&v| pick(rng, self.op.iter_vars[v].extent, 256))
-            .collect();
-        let n = self.spatial().len();
-        Sketch::Scalar {
-            tiles,
-            rtiles,
-            parallel: rng.chance(80),
-            local_acc: rng.chance(70),
-            vectorize: rng.chance(70),
-            unroll: if rng.chance(40) && n > 0 {
-                Some(rng.below(n as u64) as usize)
-            } else {
-                None
-            },
-            cache_input: rng.chance(40),
-        }
     }
 
     /// A neighbour: one parameter changed (occasionally a different mapping).
@@ -481,201 +419,6 @@ impl Space {
         }
         Ok((t, p))
     }
-
-    fn tensorized_trace(
-        &self,
-        mapping: usize,
-        (mr, nr, kc, order): (u64, u64, u64, u8),
-        (pack_b, cache_a, parallel, local_acc, unroll): (bool, Option<u8>, bool, bool, bool),
-    ) -> Trace {
-        let m = &self.mappings[mapping];
-        let (intr, map) = (m.intrinsic, &m.mapping);
-        let mut t = Trace::new();
-        // Group variables adjacent, then fused: one loop per instruction dimension.
-        let mut first: Vec<&str> = map.outer.iter().map(String::as_str).collect();
-        for d in &map.dims {
-            first.extend(d.vars.iter().map(String::as_str));
-        }
-        t.reorder(&first);
-        let mut fused = Vec::new();
-        for d in &map.dims {
-            let refs: Vec<&str> = d.vars.iter().map(String::as_str).collect();
-            if refs.len() > 1 {
-                t.fuse(&refs);
-            }
-            fused.push(refs.join("_"));
-        }
-        let (fm, fnn, fk) = (&fused[0], &fused[1], &fused[2]);
-        t.split(fm, &[mr, intr.m]);
-        t.split(fnn, &[nr, intr.n]);
-        t.split(fk, &[kc, intr.k]);
-        let kind = |name: &str| {
-            self.op
-                .var_index(name)
-                .map(|v| self.op.iter_vars[v].kind)
-                .unwrap_or(IterKind::Spatial)
-        };
-        let s_outer: Vec<String> = map
-            .outer
-            .iter()
-            .filter(|v| kind(v) == IterKind::Spatial)
-            .cloned()
-            .collect();
-        let r_outer: Vec<String> = map
-            .outer
-            .iter()
-            .filter(|v| kind(v) == IterKind::Reduction)
-            .cloned()
-            .collect();
-        let p = |x: &str, i: u32| format!("{x}.{i}");
-        let (m0, n0, k0) = (p(fm, 0), p(fnn, 0), p(fk, 0));
-        let blocks: [&String; 3] = match order {
-            0 => [&n0, &k0, &m0],
-            1 => [&n0, &m0, &k0],
-            _ => [&m0, &n0, &k0],
-        };
-        let mut full: Vec<String> = s_outer.clone();
-        full.extend(blocks.iter().map(|s| s.to_string()));
-        full.extend(r_outer.iter().cloned());
-        full.extend([p(fk, 1), p(fm, 1), p(fnn, 1), p(fm, 2), p(fnn, 2), p(fk, 2)]);
-        let refs: Vec<&str> = full.iter().map(String::as_str).collect();
-        t.reorder(&refs);
-        if pack_b && let Some(layout) = self.b_layout(map, intr, nr) {
-            t.pack(map.operands[1], layout);
-        }
-        // The accumulator's anchor: the innermost spatial loop before the first reduction.
-        let first_red = full
-            .iter()
-            .position(|l| *l == k0 || r_outer.contains(l))
-            .unwrap_or(0);
-        if parallel && first_red > 0 {
-            t.parallel(&full[0]);
-        }
-        if local_acc && first_red > 0 {
-            let local = Scope::new("local").expect("a valid scope name");
-            t.cache_write(local, Some(&full[first_red - 1]));
-        }
-        if let Some(at) = cache_a {
-            let local = Scope::new("local").expect("a valid scope name");
-            t.cache_read(map.operands[0], local, Some(blocks[at.min(2) as usize]));
-        }
-        if unroll {
-            t.unroll(&p(fm, 1)).unroll(&p(fnn, 1));
-        }
-        t.tensorize(
-            intr.id,
-            &[("m", &p(fm, 2)), ("n", &p(fnn, 2)), ("k", &p(fk, 2))],
-            &map.operands,
-        );
-        t
-    }
-
-    /// Packs instruction operand B as `[.., N / (nr n), K / g, nr n, g]` when its n and k
-    /// groups are single variables that each index one dimension of the tensor with stride 1.
-    fn b_layout(&self, map: &Mapping, intr: &Intrinsic, nr: u64) -> Option<LayoutTransform> {
-        let [n, k] = [&map.dims[1], &map.dims[2]];
-        if n.vars.len() != 1 || k.vars.len() != 1 {
-            return None;
-        }
-        let b = &self.op.inputs[map.operands[1]];
-        let dim_of = |name: &str| {
-            let v = self.op.var_index(name)?;
-            let dims: Vec<usize> = (0..b.indices.len())
-                .filter(|&d| b.indices[d].depends_on(v))
-                .collect();
-            match dims.as_slice() {
-                [d] if b.indices[*d].terms.len() == 1 && b.indices[*d].coeff(v) == 1 => Some(*d),
-                _ => None,
-            }
-        };
-        let (dn, dk) = (dim_of(&n.vars[0])?, dim_of(&k.vars[0])?);
-        if dn == dk {
-            return None;
-        }
-        let group = if intr.k > 1 {
-            (4 / intr.b.bytes() as u64).min(intr.k)
-        } else {
-            1
-        };
-        let nb = nr * intr.n;
-        let mut splits = vec![(dn, nb)];
-        if group > 1 {
-            splits.push((dk, group));
-        }
-        // Expanded dimension index of (tensor dim, part): split dims expand to outer, inner.
-        let rank = b.tensor.shape.len();
-        let mut expanded = Vec::new();
-        for d in 0..rank {
-            if splits.iter().any(|s| s.0 == d) {
-                expanded.push((d, 0));
-                expanded.push((d, 1));
-            } else {
-                expanded.push((d, 0));
-            }
-        }
-        let at = |d: usize, part: usize| expanded.iter().position(|&e| e == (d, part));
-        let mut order: Vec<usize> = (0..rank)
-            .filter(|&d| d != dn && d != dk)
-            .filter_map(|d| at(d, 0))
-            .collect();
-        order.push(at(dn, 0)?);
-        order.push(at(dk, 0)?);
-        order.push(at(dn, 1)?);
-        if group > 1 {
-            order.push(at(dk, 1)?);
-        }
-        splits.sort();
-        Some(LayoutTransform { splits, order })
-    }
-
-    fn scalar_trace(
-        &self,
-        tiles: &[(u64, u64)],
-        rtiles: &[u64],
-        (parallel, local_acc, vectorize, cache_input): (bool, bool, bool, bool),
-        unroll: Option<usize>,
-    ) -> Trace {
-        let mut t = Trace::new();
-        let spatial = self.spatial();
-        let reductions = self.reductions();
-        let name = |v: usize| self.op.iter_vars[v].name.clone();
-        for (&v, &(mid, inner)) in spatial.iter().zip(tiles) {
-            t.split(&name(v), &[mid, inner]);
-        }
-        for (&v, &inner) in reductions.iter().zip(rtiles) {
-            t.split(&name(v), &[inner]);
-        }
-        let mut order: Vec<String> = spatial.iter().map(|&v| format!("{}.0", name(v))).collect();
-        order.extend(reductions.iter().map(|&v| format!("{}.0", name(v))));
-        order.extend(spatial.iter().map(|&v| format!("{}.1", name(v))));
-        order.extend(reductions.iter().map(|&v| format!("{}.1", name(v))));
-        order.extend(spatial.iter().map(|&v| format!("{}.2", name(v))));
-        let refs: Vec<&str> = order.iter().map(String::as_str).collect();
-        t.reorder(&refs);
-        if let Some(&first) = spatial.first() {
-            if parallel {
-                t.parallel(&format!("{}.0", name(first)));
-            }
-            let last = spatial[spatial.len() - 1];
-            let local = Scope::new("local").expect("a valid scope name");
-            if local_acc {
-                t.cache_write(local.clone(), Some(&format!("{}.0", name(last))));
-            }
-            if cache_input {
-                t.cache_read(0, local, Some(&format!("{}.0", name(last))));
-            }
-            if let Some(u) = unroll
-                && let Some(&v) = spatial.get(u)
-            {
-                t.unroll(&format!("{}.1", name(v)));
-            }
-            if vectorize {
-                let last = spatial[spatial.len() - 1];
-                t.vectorize(&format!("{}.2", name(last)));
-            }
-        }
-        t
-    }
 }
 
 impl fmt::Display for Sketch {
@@ -684,36 +427,6 @@ impl fmt::Display for Sketch {
             Ok(s) => f.write_str(&s),
             Err(_) => f.write_str("<sketch>"),
         }
-    }
-}
-
-/// Lower is more promising: padding first; then whether the instruction's n (its vector
-/// lanes or tile columns) runs along the output's contiguous dimension; then the work inside
-/// the instruction dimensions (large m and k leave room for register blocks and long
-/// reductions); then the bytes the transforms move.
-fn promise(op: &ComputeOp, m: &Mapping) -> f64 {
-    let out = &op.output;
-    let last_n = m.dims[1].vars.last().and_then(|v| op.var_index(v));
-    let contiguous = last_n.is_some_and(|v| {
-        out.indices
-            .last()
-            .is_some_and(|e| e.terms.len() == 1 && e.coeff(v) == 1)
-    });
-    let work = (m.dims[0].extent as f64 * m.dims[2].extent as f64).max(1.0);
-    let waste = (m.padding_waste() * 100.0).round();
-    waste * 1e6 + if contiguous { 0.0 } else { 1e5 } - work.log2() * 1e3
-        + (m.transform_bytes() as f64 + 1.0).log2()
-}
-
-/// How many accumulators a register block may hold: AMX keeps 2 of its 8 tiles for A and B;
-/// vector units keep registers for B and a broadcast.
-pub fn max_accumulators(intr: &Intrinsic) -> u64 {
-    if intr.id.starts_with("amx") {
-        6
-    } else if intr.registers >= 32 {
-        24
-    } else {
-        12
     }
 }
 

@@ -1,152 +1,111 @@
-//! `cargo xtask measure` and `cargo xtask bench cpu`: the CPU backend from the command line.
+//! `bench_cpu`: each CPU instruction's reference GEMM beside the CPU's measured peak and
+//! oneDNN's matmul, in one run; and `measure`: one schedule, generated, checked and timed.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
 use serde::Serialize;
-use tessel_cpu::reference::{CPU_INSTRUCTIONS, gemm_spec, reference_gemm};
-use tessel_cpu::{Compiler, CpuMeasurer, CpuOptions, KernelJob, TimingOptions, WorkerCommand};
-use tessel_intrin::Catalog;
+use tessel_cpu::reference::{gemm_spec, reference_gemm};
+use tessel_cpu::{Compiler, CpuMeasurer, CpuOptions, KernelJob, TimingOptions};
+use tessel_intrin::{CPU_INSTRUCTIONS, Catalog};
 use tessel_ir::{Trace, Workload};
 use tessel_measure::{Candidate, Measurer};
 
-/// The worker is this binary's hidden `cpu-worker` subcommand.
-pub fn worker_command() -> Result<WorkerCommand> {
-    WorkerCommand::current_exe(&["cpu-worker"]).context("cannot find the xtask executable")
+use crate::error::{Error, Result, bail};
+use crate::progress::Progress;
+use crate::target::{TargetOptions, cpu_measurer};
+use crate::worker::worker_command;
+
+/// What `bench_cpu` measures.
+#[derive(Clone, Debug)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+pub struct BenchOptions {
+    /// GEMM size (m = n = k).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 1024))]
+    pub size: u64,
+    /// Thread counts to measure, comma separated.
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, default_value = "1,2", value_delimiter = ',')
+    )]
+    pub threads: Vec<usize>,
+    /// Instruction ids (default: every CPU instruction).
+    #[cfg_attr(feature = "clap", arg(long, value_delimiter = ','))]
+    pub intrinsics: Vec<String>,
+    /// Skip the oneDNN baseline.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub no_onednn: bool,
+    /// The measurement worker executable (default: this program).
+    #[cfg_attr(feature = "clap", arg(skip))]
+    pub worker_exe: Option<PathBuf>,
 }
 
-pub fn measurer(threads: usize, emulate: bool) -> Result<CpuMeasurer> {
-    let opts = CpuOptions {
-        threads,
-        emulate,
-        ..CpuOptions::default()
-    };
-    Ok(CpuMeasurer::new(worker_command()?, opts)?)
+/// One row of the benchmark table, as `bench_cpu` notes it.
+pub fn bench_row_line(row: &BenchRow) -> String {
+    let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1}"));
+    format!(
+        "{:<20} {:>3} {:>11} {:>11} {:>7} {:>11}  {:<22} {:>8}  {}",
+        row.intrinsic,
+        row.threads,
+        f(row.peak_gops),
+        f(row.tessel_gops),
+        f(row.percent_of_peak),
+        f(row.onednn_gops),
+        row.onednn_impl.clone().unwrap_or_default(),
+        row.tessel_over_onednn
+            .map_or("-".into(), |r| format!("{r:.2}x")),
+        row.note
+    )
 }
 
-#[derive(Serialize)]
-struct MeasureReport {
-    workload: String,
-    intrinsic: Option<String>,
-    threads: usize,
-    latency_ms: f64,
-    min_ms: f64,
-    gflops: f64,
-    runs: u32,
-    spread: f64,
-    compile_time_s: f64,
-    emulated: bool,
-    fingerprint: tessel_measure::HardwareFingerprint,
+/// The header of the lines [`bench_row_line`] makes.
+pub const BENCH_HEADER: &str = "instruction          thr  peak GOP/s      tessel  % peak      oneDNN  oneDNN impl               ratio";
+
+/// One instruction at one thread count.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchRow {
+    /// The instruction.
+    pub intrinsic: String,
+    /// Threads.
+    pub threads: usize,
+    /// The GEMM measured.
+    pub workload: String,
+    /// The instruction's peak on this CPU (micro-benchmark).
+    pub peak_gops: Option<f64>,
+    /// tessel's reference schedule.
+    pub tessel_gops: Option<f64>,
+    /// tessel against the peak.
+    pub percent_of_peak: Option<f64>,
+    /// oneDNN's matmul (pre-packed weights).
+    pub onednn_gops: Option<f64>,
+    /// The oneDNN implementation that ran.
+    pub onednn_impl: Option<String>,
+    /// tessel / oneDNN, measured in this run.
+    pub tessel_over_onednn: Option<f64>,
+    /// Why a figure is missing.
+    pub note: String,
 }
 
-/// Measures one schedule of one workload: a trace file, or the reference schedule of an
-/// instruction (GEMM only).
-#[allow(clippy::too_many_arguments)]
-pub fn measure(
-    spec: &str,
-    intrinsic: Option<&str>,
-    trace: Option<&Path>,
-    threads: usize,
-    emulate: bool,
-    emit: Option<&str>,
-    json: bool,
-) -> Result<()> {
-    let workload: Workload = spec
-        .parse()
-        .with_context(|| format!("--workload `{spec}`"))?;
-    let trace = match (intrinsic, trace) {
-        (_, Some(path)) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read --trace {}", path.display()))?;
-            Trace::from_json(&text).with_context(|| format!("--trace {}", path.display()))?
-        }
-        (Some(id), None) => reference_gemm(&workload, id, None).map_err(anyhow::Error::msg)?,
-        (None, None) => Trace::new(),
-    };
-    let op = workload.to_op();
-    let mut m = measurer(threads, emulate)?;
-    let candidate = Candidate::new(op.clone(), trace.clone());
-    match emit {
-        Some("trace") => {
-            println!("{}", trace.to_json_pretty());
-            return Ok(());
-        }
-        Some("c") => {
-            let job = m
-                .prepare(&candidate, "kernel")
-                .map_err(anyhow::Error::msg)?;
-            println!("{}", job.kernel.source);
-            return Ok(());
-        }
-        Some(other) => bail!("--emit takes c or trace, not `{other}`"),
-        None => {}
-    }
-    let r = m.measure(std::slice::from_ref(&candidate)).remove(0);
-    let r = r.map_err(|e| anyhow::anyhow!("{e}"))?;
-    let report = MeasureReport {
-        workload: workload.to_string(),
-        intrinsic: intrinsic.map(str::to_string),
-        threads,
-        latency_ms: r.timing.median_s * 1e3,
-        min_ms: r.timing.min_s * 1e3,
-        gflops: r.gflops,
-        runs: r.timing.runs,
-        spread: r.timing.spread,
-        compile_time_s: r.compile_time_s,
-        emulated: r.emulated,
-        fingerprint: m.fingerprint().clone(),
-    };
-    if json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        println!("{workload}");
-        println!(
-            "  median {:.4} ms, min {:.4} ms over {} runs (spread {:.1}%): {:.1} GFLOP/s{}",
-            report.latency_ms,
-            report.min_ms,
-            report.runs,
-            100.0 * report.spread,
-            report.gflops,
-            if report.emulated {
-                "  [EMULATED: a correctness check, not a timing of the real instruction]"
-            } else {
-                ""
-            }
-        );
-        println!(
-            "  compile {:.2} s; {} on {} thread(s), {}",
-            report.compile_time_s, report.fingerprint.model, threads, report.fingerprint.compiler
-        );
-    }
-    Ok(())
-}
-
-#[derive(Serialize)]
-struct BenchRow {
-    intrinsic: String,
-    threads: usize,
-    workload: String,
-    peak_gops: Option<f64>,
-    tessel_gops: Option<f64>,
-    percent_of_peak: Option<f64>,
-    onednn_gops: Option<f64>,
-    onednn_impl: Option<String>,
-    tessel_over_onednn: Option<f64>,
-    note: String,
-}
-
-#[derive(Serialize)]
-struct BenchReport {
-    fingerprint: tessel_measure::HardwareFingerprint,
-    size: u64,
-    rows: Vec<BenchRow>,
-    compile_ms_per_candidate_batched: f64,
-    compile_ms_single_candidate: f64,
-    batch_size: usize,
-    measure_overhead_ms_per_candidate: f64,
-    timer_overhead_ns: f64,
+/// What `bench_cpu` measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    /// The machine.
+    pub fingerprint: tessel_measure::HardwareFingerprint,
+    /// m = n = k.
+    pub size: u64,
+    /// Per instruction and thread count.
+    pub rows: Vec<BenchRow>,
+    /// Compile time per candidate in a batch.
+    pub compile_ms_per_candidate_batched: f64,
+    /// Compile time of one candidate alone.
+    pub compile_ms_single_candidate: f64,
+    /// The batch.
+    pub batch_size: usize,
+    /// Worker round trip, input setup and check per candidate.
+    pub measure_overhead_ms_per_candidate: f64,
+    /// What one timed run costs the timer.
+    pub timer_overhead_ns: f64,
 }
 
 /// oneDNN's dtype name for an instruction's workload.
@@ -165,8 +124,7 @@ fn build_onednn(cache: &Path) -> Result<PathBuf, String> {
     if !header.exists() {
         return Err("oneDNN not installed (apt-get install libdnnl-dev)".into());
     }
-    let src =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/tessel-cpu/bench/onednn_matmul.cpp");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tessel-cpu/bench/onednn_matmul.cpp");
     let exe = cache.join("onednn_matmul");
     let fresh = |p: &Path| p.metadata().and_then(|m| m.modified()).ok();
     if exe.exists() && fresh(&exe) >= fresh(&src) {
@@ -221,7 +179,13 @@ fn run_onednn(exe: &Path, size: u64, dtype: &str, threads: usize) -> Result<(f64
     Ok((gflops, field("impl").unwrap_or_default()))
 }
 
-pub fn bench(size: u64, threads: &[usize], ids: &[String], onednn: bool, json: bool) -> Result<()> {
+/// Measures each instruction's reference GEMM beside this CPU's peak for it and oneDNN's
+/// matmul, in one run; each row goes to `progress` as a note as soon as it is measured.
+pub fn bench_cpu(o: &BenchOptions, progress: &mut dyn Progress) -> Result<BenchReport> {
+    let (size, threads, ids, onednn) = (o.size, &o.threads, &o.intrinsics, !o.no_onednn);
+    if size == 0 || threads.contains(&0) {
+        bail!("size and threads must be at least 1");
+    }
     let compiler = Compiler::new(Compiler::default_cache_dir())?;
     let catalog = Catalog::default();
     let ids: Vec<&str> = if ids.is_empty() {
@@ -244,30 +208,17 @@ pub fn bench(size: u64, threads: &[usize], ids: &[String], onednn: bool, json: b
     };
     let fingerprint =
         tessel_cpu::fingerprint(threads.first().copied().unwrap_or(1), compiler.version());
-    if !json {
-        println!(
-            "tessel CPU benchmark: gemm {size}^3 on {} ({}), {}",
-            fingerprint.model, fingerprint.version, fingerprint.compiler
-        );
-        if let Err(why) = &onednn_exe {
-            println!("oneDNN: {why}");
-        }
-        println!(
-            "{:<20} {:>3} {:>11} {:>11} {:>7} {:>11}  {:<22} {:>8}",
-            "instruction",
-            "thr",
-            "peak GOP/s",
-            "tessel",
-            "% peak",
-            "oneDNN",
-            "oneDNN impl",
-            "ratio"
-        );
+    if let Err(why) = &onednn_exe {
+        progress.note(&format!("oneDNN: {why}"));
     }
     let mut rows = Vec::new();
     for &t in threads {
         let peaks = tessel_cpu::peak::measure_peaks(&compiler, &ids, t)?;
-        let mut m = measurer(t, false)?;
+        let mut m = cpu_measurer(&TargetOptions {
+            threads: t,
+            worker_exe: o.worker_exe.clone(),
+            ..TargetOptions::default()
+        })?;
         for id in &ids {
             let spec = gemm_spec(id, size, size, size);
             let w: Workload = spec.parse()?;
@@ -291,7 +242,7 @@ pub fn bench(size: u64, threads: &[usize], ids: &[String], onednn: bool, json: b
             if let Some((_, why)) = peaks.skipped.iter().find(|s| s.0 == *id) {
                 row.note = format!("skipped: {why}");
             } else {
-                let trace = reference_gemm(&w, id, None).map_err(anyhow::Error::msg)?;
+                let trace = reference_gemm(&w, id, None).map_err(Error::Invalid)?;
                 match m.measure(&[Candidate::new(w.to_op(), trace)]).remove(0) {
                     Ok(r) => {
                         row.tessel_gops = Some(r.gflops);
@@ -310,42 +261,14 @@ pub fn bench(size: u64, threads: &[usize], ids: &[String], onednn: bool, json: b
                     }
                 }
             }
-            if !json {
-                let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1}"));
-                println!(
-                    "{:<20} {:>3} {:>11} {:>11} {:>7} {:>11}  {:<22} {:>8}  {}",
-                    row.intrinsic,
-                    t,
-                    f(row.peak_gops),
-                    f(row.tessel_gops),
-                    f(row.percent_of_peak),
-                    f(row.onednn_gops),
-                    row.onednn_impl.clone().unwrap_or_default(),
-                    row.tessel_over_onednn
-                        .map_or("-".into(), |r| format!("{r:.2}x")),
-                    row.note
-                );
-            }
+            progress.note(&bench_row_line(&row));
             rows.push(row);
         }
     }
     let (batched, single, batch_size) = compile_times(&compiler)?;
-    let overhead = measure_overhead()?;
+    let overhead = measure_overhead(o.worker_exe.as_deref())?;
     let timer_ns = timer_overhead_ns();
-    if !json {
-        println!(
-            "timer: {timer_ns:.0} ns per timed run ({:.2}% of a 10 us kernel)",
-            timer_ns / 100.0
-        );
-        println!(
-            "compile: {:.0} ms per candidate in a batch of {batch_size} (one candidate alone: {:.0} ms)",
-            batched, single
-        );
-        println!(
-            "measurement overhead: {overhead:.2} ms per candidate (worker round trip, input setup, reference check)"
-        );
-    }
-    let report = BenchReport {
+    Ok(BenchReport {
         fingerprint,
         size,
         rows,
@@ -354,11 +277,7 @@ pub fn bench(size: u64, threads: &[usize], ids: &[String], onednn: bool, json: b
         batch_size,
         measure_overhead_ms_per_candidate: overhead,
         timer_overhead_ns: timer_ns,
-    };
-    if json {
-        println!("{}", serde_json::to_string(&report)?);
-    }
-    Ok(())
+    })
 }
 
 /// Compile time of a batch of reference-schedule variants in one object, per candidate, and
@@ -383,7 +302,7 @@ fn compile_times(compiler: &Compiler) -> Result<(f64, f64, usize)> {
     {
         for id in ["avx2.vfmadd231ps", "avx512.vfmadd231ps"] {
             let plan = tessel_cpu::reference::GemmPlan { mr, nr: 2, kc };
-            let t = reference_gemm(&w, id, Some(plan)).map_err(anyhow::Error::msg)?;
+            let t = reference_gemm(&w, id, Some(plan)).map_err(Error::Invalid)?;
             let p = t.lower(&op, &catalog)?;
             kernels.push(tessel_cpu::generate(
                 &p,
@@ -417,9 +336,9 @@ fn compile_times(compiler: &Compiler) -> Result<(f64, f64, usize)> {
 
 /// Wall time per candidate of measuring already-compiled tiny kernels, beyond their own run
 /// time: the worker round trip, input preparation and the reference check.
-fn measure_overhead() -> Result<f64> {
+fn measure_overhead(worker_exe: Option<&Path>) -> Result<f64> {
     let mut m = CpuMeasurer::new(
-        worker_command()?,
+        worker_command("cpu", worker_exe)?,
         CpuOptions {
             timing: TimingOptions {
                 warmup: 0,

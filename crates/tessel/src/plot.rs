@@ -1,10 +1,10 @@
-//! Plots for `eval --plot DIR`, written as plain SVG (no font or drawing library needed):
+//! Plots for `eval` with a plot directory, written as plain SVG (no font or drawing library needed):
 //! predicted score against measured relative throughput per task, and top-k curves.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use tessel_model::Ranked;
 use tessel_model::metrics::top_k_score;
 

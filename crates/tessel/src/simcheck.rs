@@ -1,52 +1,55 @@
-//! `cargo xtask sim-check`: how well the analytical GPU model ranks measured records. Each
-//! successful record of a workload is scored by `sim:DEVICE` (faster estimate, higher score)
-//! and the ranking is judged against the measured latencies with the cost model's metrics.
+//! `sim_check`: how well the analytical GPU model ranks measured GPU records. Each
+//! successful record of a workload is scored by `sim:DEVICE` and the ranking is judged against
+//! the measured latencies with the cost model's metrics.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::{Result, bail};
 use serde::Serialize;
 use tessel_intrin::Catalog;
-use tessel_ir::Workload;
 use tessel_model::metrics::{Metrics, Ranked, evaluate, random_baseline};
 
-use crate::tune::read_log_warning;
+use crate::error::{Result, bail};
+use crate::progress::Progress;
+use crate::tune::read_log_noting;
 
-#[derive(Serialize)]
-struct SimCheckReport {
-    device: String,
-    records: usize,
-    workloads: usize,
+/// How the analytical model ranks measured records.
+#[derive(Clone, Debug, Serialize)]
+pub struct SimCheckReport {
+    /// The model's device (`sim:h200`).
+    pub device: String,
+    /// Records ranked.
+    pub records: usize,
+    /// Workloads ranked.
+    pub workloads: usize,
     /// Records the model could not score (codegen refused, does not fit the device).
-    unscored: usize,
-    model: Metrics,
-    random: Metrics,
+    pub unscored: usize,
+    /// The model's ranking.
+    pub model: Metrics,
+    /// A random ranking.
+    pub random: Metrics,
     /// Median of estimate / measured latency (how far the absolute figures are off).
-    median_estimate_over_measured: f64,
+    pub median_estimate_over_measured: f64,
 }
 
-pub fn sim_check(data: &Path, device: &str, json: bool) -> Result<()> {
+/// Scores each successful record of `data` with the analytical model of `device` (faster
+/// estimate, higher score) and judges the ranking against the measured latencies.
+pub fn sim_check(data: &Path, device: &str, progress: &mut dyn Progress) -> Result<SimCheckReport> {
     let dev = tessel_gpu::device(device)?;
-    let contents = read_log_warning(data)?;
-    if contents.records.iter().any(|r| r.fingerprint.kind == "sim") && !json {
-        eprintln!(
+    let contents = read_log_noting(data, progress)?;
+    if contents.records.iter().any(|r| r.fingerprint.kind == "sim") {
+        progress.note(&format!(
             "note: {} holds analytical-model records: this compares two models, not model and GPU",
             data.display()
-        );
+        ));
     }
     let catalog = Catalog::default();
     let mut by_workload: BTreeMap<&str, Ranked> = BTreeMap::new();
     let (mut unscored, mut ratios) = (0usize, Vec::new());
     for r in &contents.records {
         let Some(latency) = r.latency() else { continue };
-        let Ok(w) = r.workload.parse::<Workload>() else {
-            unscored += 1;
-            continue;
-        };
         let estimate = r
-            .trace
-            .lower(&w.to_op(), &catalog)
+            .program(&catalog)
             .ok()
             .and_then(|p| tessel_gpu::estimate(&p, &dev).ok());
         let Some(e) = estimate else {
@@ -83,27 +86,5 @@ pub fn sim_check(data: &Path, device: &str, json: bool) -> Result<()> {
         random: random_baseline(&tasks, 20, 1),
         median_estimate_over_measured: ratios[ratios.len() / 2],
     };
-    if json {
-        println!("{}", serde_json::to_string(&report)?);
-        return Ok(());
-    }
-    println!(
-        "sim:{} (analytical model) ranking {} measured records of {} workloads ({} unscored)",
-        dev.key, report.records, report.workloads, report.unscored
-    );
-    println!(
-        "{:>8} {:>7} {:>7} {:>9} {:>8}",
-        "", "top-1", "top-5", "pairwise", "tau"
-    );
-    for (name, m) in [("model", &report.model), ("random", &report.random)] {
-        println!(
-            "{name:>8} {:>7.3} {:>7.3} {:>9.3} {:>8.3}",
-            m.top1, m.top5, m.pairwise_accuracy, m.kendall_tau
-        );
-    }
-    println!(
-        "median estimate / measured latency: {:.2}",
-        report.median_estimate_over_measured
-    );
-    Ok(())
+    Ok(report)
 }

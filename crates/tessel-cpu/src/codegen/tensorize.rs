@@ -1,0 +1,453 @@
+//! Tensorized calls: register blocks (accumulators in AMX tiles or vector registers across
+//! the reduction loop), direct calls on operands already in the instruction's layout, and
+//! staged calls that gather into that layout and scatter back under the guards.
+
+use super::*;
+
+impl Gen<'_> {
+    /// The loop variable bound to each instruction dimension (m, n, k).
+    pub(super) fn tile_vars(&self, c: &TensorizedCall) -> Result<[usize; 3], CodegenError> {
+        let mut lv = [usize::MAX; 3];
+        for &(u, v) in &c.bindings {
+            if u < 3 {
+                lv[u] = v;
+            }
+        }
+        if lv.iter().any(|&v| v >= self.p.vars.len()) {
+            return Err(CodegenError::Malformed {
+                reason: format!(
+                    "the call of `{}` (step {}) does not bind all of m, n and k to loops",
+                    c.intrinsic, c.step
+                ),
+            });
+        }
+        Ok(lv)
+    }
+
+    pub(super) fn operand(c: &TensorizedCall, role: Role) -> &BufferRef {
+        match role {
+            Role::A => &c.operands[0],
+            Role::B => &c.operands[1],
+            Role::C => &c.acc,
+        }
+    }
+
+    /// Whether `r` already has the instruction's layout for `role` (for every value of the
+    /// other loops: checked at the corners and at pseudo-random points), and its row stride.
+    pub(super) fn direct_stride(
+        &self,
+        ins: &Instr,
+        r: &BufferRef,
+        role: Role,
+        lv: [usize; 3],
+    ) -> Option<i64> {
+        if !self.in_bounds(r) || self.p.buffers[r.buffer].dtype != ins.dtype(role) {
+            return None;
+        }
+        let (di, dj) = Instr::dims(role);
+        let (ei, ej) = (ins.extent(di), ins.extent(dj));
+        let flat = self.flat(r);
+        let n = self.p.vars.len();
+        let mut samples: Vec<Vec<i64>> = vec![
+            vec![0; n],
+            self.p.vars.iter().map(|v| v.extent as i64 - 1).collect(),
+        ];
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..6 {
+            samples.push(
+                self.p
+                    .vars
+                    .iter()
+                    .map(|v| {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        (state % v.extent.max(1)) as i64
+                    })
+                    .collect(),
+            );
+        }
+        let mut stride = None;
+        for mut vals in samples {
+            for &v in &lv {
+                vals[v] = 0;
+            }
+            let mut at = |i: i64, j: i64| {
+                vals[lv[di]] = i;
+                vals[lv[dj]] = j;
+                flat.eval(&vals)
+            };
+            let base = at(0, 0);
+            let s = match ins.stride_probe(role) {
+                Some((i, j)) => at(i, j) - base,
+                None => 0,
+            };
+            if ins.stride_probe(role).is_some() && s <= 0 {
+                return None;
+            }
+            if *stride.get_or_insert(s) != s {
+                return None;
+            }
+            for i in 0..ei {
+                for j in 0..ej {
+                    if at(i, j) - base != ins.offset(role, i, j, s) {
+                        return None;
+                    }
+                }
+            }
+        }
+        stride
+    }
+
+    /// The C pointer to a direct operand's tile: its reference with the tile variables at 0.
+    pub(super) fn tile_ptr(&self, r: &BufferRef, lv: [usize; 3], extra: &[(usize, i64)]) -> String {
+        let mut vals: Vec<(usize, i64)> = lv.iter().map(|&v| (v, 0)).collect();
+        vals.extend_from_slice(extra);
+        let r0 = subst_ref(r, &vals);
+        format!("&{}", self.element(&r0))
+    }
+
+    pub(super) fn tensorized(&mut self, c: &TensorizedCall) -> Result<(), CodegenError> {
+        let ins = instr_of(self.catalog, &c.intrinsic)?;
+        let lv = self.tile_vars(c)?;
+        let names: Vec<String> = ["m", "n", "k"]
+            .iter()
+            .zip(lv)
+            .map(|(u, v)| format!("{u} = {}", self.p.vars[v].name))
+            .collect();
+        self.line(&format!(
+            "{{  /* step {}: {} ({}), {} */",
+            c.step,
+            ins.intr.id,
+            ins.intr.mnemonic,
+            names.join(", ")
+        ));
+        self.depth += 1;
+        let mut ptrs = Vec::new();
+        let mut staged_c = None;
+        for role in [Role::A, Role::B, Role::C] {
+            let r = Self::operand(c, role);
+            let direct = if c.guards.is_empty() {
+                self.direct_stride(&ins, r, role, lv)
+            } else {
+                None
+            };
+            match direct {
+                Some(s) => {
+                    let bytes = ins.dtype(role).bytes() as i64;
+                    ptrs.push((self.tile_ptr(r, lv, &[]), s * bytes));
+                }
+                None => {
+                    let name = self.stage(c, &ins, r, role, lv)?;
+                    let s = ins.natural_stride(role) * ins.dtype(role).bytes() as i64;
+                    if role == Role::C {
+                        staged_c = Some(name.clone());
+                    }
+                    ptrs.push((name, s));
+                }
+            }
+        }
+        let [(pa, sa), (pb, sb), (pc, sc)] = [ptrs[0].clone(), ptrs[1].clone(), ptrs[2].clone()];
+        match ins.family {
+            Family::Amx { dp } => {
+                self.line(&format!("_tile_loadd(0, {pc}, {sc});"));
+                self.line(&format!("_tile_loadd(1, {pa}, {sa});"));
+                self.line(&format!("_tile_loadd(2, {pb}, {sb});"));
+                self.line(&format!("{dp}(0, 1, 2);"));
+                self.line(&format!("_tile_stored(0, {pc}, {sc});"));
+            }
+            _ => {
+                let (t, load_c, store_c) = vector_types(ins.family);
+                self.line(&format!("{t} tsl_acc = {load_c}({pc});"));
+                let s = format!(
+                    "tsl_acc = {};",
+                    vector_op(
+                        ins.family,
+                        "tsl_acc",
+                        &bcast(ins.family, &pa),
+                        &vload(ins.family, &pb)
+                    )
+                );
+                self.line(&s);
+                self.line(&format!("{store_c}({pc}, tsl_acc);"));
+            }
+        }
+        if let Some(name) = staged_c {
+            self.scatter(c, &ins, &name, lv);
+        }
+        self.depth -= 1;
+        self.line("}");
+        Ok(())
+    }
+
+    /// Guards that matter for an operand: those over its own tile dimensions and outer loops.
+    pub(super) fn role_guards(
+        &self,
+        c: &TensorizedCall,
+        role: Role,
+        lv: [usize; 3],
+    ) -> Vec<String> {
+        let (di, dj) = Instr::dims(role);
+        let other: Vec<usize> = (0..3)
+            .filter(|&d| d != di && d != dj)
+            .map(|d| lv[d])
+            .collect();
+        c.guards
+            .iter()
+            .filter(|g| other.iter().all(|&v| !g.expr.uses(v)))
+            .map(|g| self.guard_c(g))
+            .collect()
+    }
+
+    /// Gathers an operand's tile into a buffer in the instruction's layout; zeros where a guard
+    /// fails or the read leaves the buffer.
+    pub(super) fn stage(
+        &mut self,
+        c: &TensorizedCall,
+        ins: &Instr,
+        r: &BufferRef,
+        role: Role,
+        lv: [usize; 3],
+    ) -> Result<String, CodegenError> {
+        let t = ins.dtype(role);
+        if self.p.buffers[r.buffer].dtype != t {
+            return Err(CodegenError::Malformed {
+                reason: format!(
+                    "buffer `{}` is {} but `{}` wants {t}",
+                    self.p.buffers[r.buffer].name, self.p.buffers[r.buffer].dtype, ins.intr.id
+                ),
+            });
+        }
+        let (di, dj) = Instr::dims(role);
+        let name = format!("tsl_tile_{role:?}");
+        let rows = match ins.family {
+            Family::Amx { .. } => 16,
+            _ => 1,
+        };
+        let size = rows * ins.natural_stride(role);
+        self.line(&format!(
+            "{} {name}[{size}] __attribute__((aligned(64)));  /* {role:?} gathered into the instruction's layout */",
+            c_type(t)
+        ));
+        let (vi, vj) = (self.vars[lv[di]].clone(), self.vars[lv[dj]].clone());
+        self.line(&format!(
+            "for (long {vi} = 0; {vi} < {}; ++{vi})",
+            ins.extent(di)
+        ));
+        self.line(&format!(
+            "    for (long {vj} = 0; {vj} < {}; ++{vj})",
+            ins.extent(dj)
+        ));
+        let g = self.role_guards(c, role, lv);
+        let s = format!(
+            "        {name}[{}] = {};",
+            ins.offset_c(role, &vi, &vj),
+            self.read(r, &g)
+        );
+        self.line(&s);
+        Ok(name)
+    }
+
+    pub(super) fn scatter(&mut self, c: &TensorizedCall, ins: &Instr, name: &str, lv: [usize; 3]) {
+        let (vi, vj) = (self.vars[lv[0]].clone(), self.vars[lv[1]].clone());
+        self.line(&format!("for (long {vi} = 0; {vi} < {}; ++{vi})", ins.m()));
+        self.line(&format!(
+            "    for (long {vj} = 0; {vj} < {}; ++{vj})",
+            ins.n()
+        ));
+        let mut conds = self.role_guards(c, Role::C, lv);
+        conds.extend(self.bounds(&c.acc));
+        dedup(&mut conds);
+        let s = format!(
+            "{} = {name}[{}];",
+            self.element(&c.acc),
+            ins.offset_c(Role::C, &vi, &vj)
+        );
+        let s = if conds.is_empty() {
+            format!("        {s}")
+        } else {
+            format!("        if ({}) {s}", conds.join(" && "))
+        };
+        self.line(&s);
+    }
+
+    /// A reduction loop around unrolled loops around one unguarded call, every operand in the
+    /// instruction's layout: accumulators stay in registers across the reduction loop.
+    pub(super) fn register_block(&mut self, l: &For) -> Result<bool, CodegenError> {
+        let mut unrolled: Vec<(usize, u64)> = Vec::new();
+        let mut s = &*l.body;
+        let call = loop {
+            match s {
+                Stmt::For(f) if f.kind == LoopKind::Unrolled => {
+                    unrolled.push((f.var, f.extent));
+                    s = &f.body;
+                }
+                Stmt::Tensorized(c) => break c,
+                _ => return Ok(false),
+            }
+        };
+        let points: u64 = unrolled.iter().map(|u| u.1).product();
+        if !call.guards.is_empty() || points > MAX_BLOCK_POINTS || l.kind == LoopKind::Parallel {
+            return Ok(false);
+        }
+        let ins = instr_of(self.catalog, &call.intrinsic)?;
+        let lv = self.tile_vars(call)?;
+        let mut strides = [0i64; 3];
+        for (i, role) in [Role::A, Role::B, Role::C].into_iter().enumerate() {
+            match self.direct_stride(&ins, Self::operand(call, role), role, lv) {
+                Some(s) => strides[i] = s * ins.dtype(role).bytes() as i64,
+                None => return Ok(false),
+            }
+        }
+        let reduction_unrolled: Vec<usize> = {
+            let mut v = vec![l.var];
+            let mut s = &*l.body;
+            while let Stmt::For(f) = s {
+                if f.reduction {
+                    v.push(f.var);
+                }
+                s = &f.body;
+            }
+            v
+        };
+        if reduction_unrolled
+            .iter()
+            .any(|&v| call.acc.index.iter().any(|e| e.uses(v)))
+        {
+            return Ok(false);
+        }
+        // Every unrolled point: its accumulator, A and B fragments (deduplicated by address).
+        let mut frags: [Vec<String>; 3] = Default::default();
+        let mut plan: Vec<[usize; 3]> = Vec::new();
+        let mut point = vec![0i64; unrolled.len()];
+        let extents: Vec<u64> = unrolled.iter().map(|u| u.1).collect();
+        loop {
+            let vals: Vec<(usize, i64)> = unrolled
+                .iter()
+                .map(|u| u.0)
+                .zip(point.iter().copied())
+                .collect();
+            let mut ids = [0usize; 3];
+            for (i, role) in [Role::A, Role::B, Role::C].into_iter().enumerate() {
+                let p = self.tile_ptr(Self::operand(call, role), lv, &vals);
+                ids[i] = match frags[i].iter().position(|f| *f == p) {
+                    Some(x) => x,
+                    None => {
+                        frags[i].push(p);
+                        frags[i].len() - 1
+                    }
+                };
+            }
+            plan.push(ids);
+            if !advance(&mut point, &extents) {
+                break;
+            }
+        }
+        let n_acc = frags[2].len();
+        let amx = matches!(ins.family, Family::Amx { .. });
+        if (amx && n_acc + 2 > 8) || (!amx && n_acc > 24) {
+            return Ok(false);
+        }
+        let unrolled_names: Vec<&str> = unrolled
+            .iter()
+            .map(|u| self.p.vars[u.0].name.as_str())
+            .collect();
+        self.line(&format!(
+            "{{  /* step {}: {} register block: {} accumulator(s) over {} held across `{}` */",
+            call.step,
+            ins.intr.id,
+            n_acc,
+            if unrolled_names.is_empty() {
+                "one tile".to_string()
+            } else {
+                format!("unrolled {}", unrolled_names.join(", "))
+            },
+            self.p.vars[l.var].name
+        ));
+        self.depth += 1;
+        let [sa, sb, sc] = strides;
+        if let Family::Amx { dp } = ins.family {
+            for (t, f) in frags[2].iter().enumerate() {
+                self.line(&format!("_tile_loadd({t}, {f}, {sc});"));
+            }
+            let h = self.loop_header(l);
+            self.line(&h);
+            self.depth += 1;
+            // Operand tiles n_acc..8, reused while resident (least recently used evicted).
+            let mut resident: Vec<Option<(usize, usize)>> = vec![None; 8 - n_acc];
+            let mut last_use = vec![0usize; 8 - n_acc];
+            for (tick, ids) in plan.iter().enumerate() {
+                let mut tiles = [0usize; 2];
+                for (slot, (role_i, stride)) in [(0usize, sa), (1usize, sb)].into_iter().enumerate()
+                {
+                    let key = (role_i, ids[role_i]);
+                    let t = match resident.iter().position(|r| *r == Some(key)) {
+                        Some(t) => t,
+                        None => {
+                            let keep = if slot == 1 { Some(tiles[0]) } else { None };
+                            let t = (0..resident.len())
+                                .filter(|&t| Some(t) != keep)
+                                .min_by_key(|&t| (resident[t].is_some(), last_use[t]))
+                                .unwrap_or(0);
+                            resident[t] = Some(key);
+                            let f = &frags[role_i][ids[role_i]];
+                            self.line(&format!("_tile_loadd({}, {f}, {stride});", t + n_acc));
+                            t
+                        }
+                    };
+                    last_use[t] = tick + 1;
+                    tiles[slot] = t;
+                }
+                self.line(&format!(
+                    "{dp}({}, {}, {});",
+                    ids[2],
+                    tiles[0] + n_acc,
+                    tiles[1] + n_acc
+                ));
+            }
+            self.depth -= 1;
+            self.line("}");
+            for (t, f) in frags[2].iter().enumerate() {
+                self.line(&format!("_tile_stored({t}, {f}, {sc});"));
+            }
+        } else {
+            let (t, load_c, store_c) = vector_types(ins.family);
+            for (i, f) in frags[2].iter().enumerate() {
+                self.line(&format!("{t} tsl_c{i} = {load_c}({f});"));
+            }
+            let h = self.loop_header(l);
+            self.line(&h);
+            self.depth += 1;
+            let (ta, tb) = operand_types(ins.family);
+            // B fragments first, then one broadcast of A at a time with every product that
+            // uses it: live registers stay at accumulators + B + 1.
+            for (i, f) in frags[1].iter().enumerate() {
+                self.line(&format!("{tb} tsl_b{i} = {};", vload(ins.family, f)));
+            }
+            for (i, f) in frags[0].iter().enumerate() {
+                self.line(&format!("{ta} tsl_a{i} = {};", bcast(ins.family, f)));
+                for ids in plan.iter().filter(|p| p[0] == i) {
+                    let c = format!("tsl_c{}", ids[2]);
+                    let s = format!(
+                        "{c} = {};",
+                        vector_op(
+                            ins.family,
+                            &c,
+                            &format!("tsl_a{}", ids[0]),
+                            &format!("tsl_b{}", ids[1])
+                        )
+                    );
+                    self.line(&s);
+                }
+            }
+            self.depth -= 1;
+            self.line("}");
+            for (i, f) in frags[2].iter().enumerate() {
+                self.line(&format!("{store_c}({f}, tsl_c{i});"));
+            }
+        }
+        self.depth -= 1;
+        self.line("}");
+        Ok(true)
+    }
+}

@@ -1,0 +1,337 @@
+//! `dataset`: random schedules of every task, measured, appended as records; `merge`: shards
+//! into one file.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::Serialize;
+use tessel_intrin::{Catalog, CpuPlatform, HostCpu};
+use tessel_ir::{DType, Types, Workload, network_with_types};
+use tessel_measure::{Candidate, Measurer};
+use tessel_search::records::RecordKey;
+use tessel_search::rng::Rng;
+use tessel_search::{InstructionSet, RecordLog, Space, TuningRecord};
+
+use crate::data::strict_read;
+use crate::error::{Context, Result, bail};
+use crate::progress::Progress;
+use crate::target::{Target, TargetOptions, TargetSpec, cpu_measurer};
+use crate::tune::read_log_noting;
+
+/// What to measure.
+#[derive(Clone, Debug)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+pub struct DatasetOptions {
+    /// `cpu`, `gpu` or `sim:NAME` (the analytical model of a GPU; records say `sim`).
+    #[cfg_attr(feature = "clap", arg(long, default_value = "cpu"))]
+    pub target: TargetSpec,
+    /// Networks, comma separated (`cargo xtask workloads`).
+    #[cfg_attr(
+        feature = "clap",
+        arg(long = "network", value_delimiter = ',', conflicts_with = "workload")
+    )]
+    pub networks: Vec<String>,
+    /// One workload spec instead of networks.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub workload: Option<Workload>,
+    /// Schedules per task.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 200))]
+    pub per_task: usize,
+    /// The dataset file (JSON Lines, appended to; a rerun resumes).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub out: PathBuf,
+    /// This machine's part `I/N` of the tasks (0-based), for Slurm arrays or indexed jobs.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub shard: Option<String>,
+    /// amx-bf16, amx-int8, avx512-vnni, avx512-bf16, avx512-fma, avx2-fma or scalar
+    /// (default: the best this CPU has); on GPU targets the element type: f16 (default),
+    /// bf16, i8 or f32.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub platform: Option<String>,
+    /// Network batch size.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 1))]
+    pub batch: u64,
+    /// OpenMP threads per kernel.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 1))]
+    pub threads: usize,
+    /// Seed of the sampling.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 1))]
+    pub seed: u64,
+    /// Only the first N tasks (after de-duplication, before sharding).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub max_tasks: Option<usize>,
+    /// The measurement worker executable (default: this program).
+    #[cfg_attr(feature = "clap", arg(skip))]
+    pub worker_exe: Option<PathBuf>,
+}
+
+/// What `dataset` did.
+#[derive(Clone, Debug, Serialize)]
+pub struct DatasetReport {
+    /// Tasks of this shard.
+    pub tasks: usize,
+    /// The platform (CPU) or device and element type (GPU).
+    pub platform: String,
+    /// The machine.
+    pub machine: String,
+    /// Records measured by this run.
+    pub measured: usize,
+    /// Of which failed.
+    pub errors: usize,
+    /// Records already in the file.
+    pub existing: usize,
+    /// Tasks with fewer distinct schedules than asked, and how many they got.
+    pub short: Vec<(String, usize)>,
+    /// Wall time, s.
+    pub seconds: f64,
+}
+
+/// `I/N` with `I < N`.
+pub fn parse_shard(s: &str) -> Result<(usize, usize)> {
+    let (i, n) = s
+        .split_once('/')
+        .with_context(|| format!("shard `{s}`: expected I/N, e.g. 0/4"))?;
+    let (i, n): (usize, usize) = (
+        i.trim().parse().with_context(|| format!("shard `{s}`"))?,
+        n.trim().parse().with_context(|| format!("shard `{s}`"))?,
+    );
+    if n == 0 || i >= n {
+        bail!("shard `{s}`: need 0 <= I < N");
+    }
+    Ok((i, n))
+}
+
+/// FNV-1a, for per-task seeds that do not depend on the task's position.
+fn hash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// What `dataset` measures on: a CPU platform or a GPU (model or real).
+struct DatasetTarget {
+    set: InstructionSet,
+    types: Types,
+    /// The target string records carry.
+    label: String,
+    measurer: Box<dyn Measurer>,
+    name: String,
+}
+
+fn dataset_target(o: &DatasetOptions) -> Result<DatasetTarget> {
+    let topts = TargetOptions {
+        threads: o.threads,
+        worker_exe: o.worker_exe.clone(),
+        ..TargetOptions::default()
+    };
+    if o.target == TargetSpec::Cpu {
+        return cpu_dataset_target(o, &topts);
+    }
+    let target = Target::open(&o.target, &topts)?;
+    let InstructionSet::Gpu { cc } = target.instruction_set() else {
+        bail!("target {} is not a GPU", o.target);
+    };
+    let (bf16, device) = match (target.device(), target.gpu_name()) {
+        (_, Some(name)) => (cc.0 >= 8, name.to_string()),
+        (Some(d), None) => (d.tc_bf16 > 0.0, format!("{} (analytical model)", d.key)),
+        (None, None) => (cc.0 >= 8, o.target.to_string()),
+    };
+    // On a GPU the platform is the networks' element type.
+    let dtype = o.platform.as_deref().unwrap_or("f16");
+    let dtype: DType = match dtype {
+        "f16" | "bf16" | "i8" | "f32" => dtype.parse()?,
+        other => bail!("platform `{other}` on a GPU target: one of f16, bf16, i8, f32"),
+    };
+    if dtype == DType::BF16 && !bf16 {
+        bail!("{device} has no bf16 Tensor Cores");
+    }
+    let label = target.label();
+    Ok(DatasetTarget {
+        set: InstructionSet::Gpu { cc },
+        types: Types::same(dtype),
+        label,
+        name: format!("{device} {dtype}"),
+        measurer: target.into_measurer(),
+    })
+}
+
+fn cpu_dataset_target(o: &DatasetOptions, topts: &TargetOptions) -> Result<DatasetTarget> {
+    let catalog = Catalog::default();
+    let host = HostCpu::detect();
+    let platform = match &o.platform {
+        Some(p) => CpuPlatform::named(p)?,
+        None => CpuPlatform::best_for(host, &catalog),
+    };
+    if let Err((id, why)) = platform.supported(host, &catalog) {
+        bail!(
+            "platform {} needs {id}, which this machine cannot run ({why}); measure it on a machine that has it",
+            platform.name
+        );
+    }
+    let set = if platform.instructions.is_empty() {
+        InstructionSet::None
+    } else {
+        InstructionSet::Only(
+            platform
+                .instructions
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        )
+    };
+    Ok(DatasetTarget {
+        set,
+        types: platform.types()?,
+        label: format!("cpu:{}", platform.name),
+        name: platform.name.to_string(),
+        measurer: Box::new(cpu_measurer(topts)?),
+    })
+}
+
+/// The distinct workloads of the options' networks (or its one workload), truncated and
+/// sharded as asked.
+fn dataset_workloads(o: &DatasetOptions, types: Types) -> Result<Vec<Workload>> {
+    let mut workloads: Vec<Workload> = Vec::new();
+    match (&o.workload, o.networks.is_empty()) {
+        (Some(w), true) => workloads.push(*w),
+        (None, false) => {
+            for name in &o.networks {
+                for t in network_with_types(name, o.batch, types)?.tasks() {
+                    if !workloads.contains(&t.workload) {
+                        workloads.push(t.workload);
+                    }
+                }
+            }
+        }
+        _ => bail!("give exactly one of a workload and networks"),
+    }
+    if let Some(m) = o.max_tasks {
+        workloads.truncate(m);
+    }
+    if let Some(s) = &o.shard {
+        let (i, n) = parse_shard(s)?;
+        workloads = workloads
+            .into_iter()
+            .enumerate()
+            .filter(|(k, _)| k % n == i)
+            .map(|(_, w)| w)
+            .collect();
+    }
+    Ok(workloads)
+}
+
+/// Samples `per_task` distinct random schedules of every task from the whole space, measures
+/// them and appends the records to `out` (a rerun measures only what is missing).
+pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<DatasetReport> {
+    if o.per_task == 0 {
+        bail!("per-task must be at least 1");
+    }
+    let DatasetTarget {
+        set,
+        types,
+        label: target,
+        mut measurer,
+        name: platform_name,
+    } = dataset_target(o)?;
+    let workloads = dataset_workloads(o, types)?;
+    let existing = read_log_noting(&o.out, progress)?;
+    let fp = measurer.fingerprint().clone();
+    let mut log = RecordLog::open(&o.out)?;
+    let mut done: HashSet<_> = existing.records.iter().map(|r| r.key()).collect();
+
+    progress.start("schedules", (workloads.len() * o.per_task) as u64);
+    let start = Instant::now();
+    let (mut measured, mut errors, mut position) = (0usize, 0usize, 0u64);
+    let mut short = Vec::new();
+    for w in &workloads {
+        let spec = w.to_string();
+        let op = w.to_op();
+        let space = Space::new(&op, &set);
+        let have = existing
+            .records
+            .iter()
+            .filter(|r| r.workload == spec && r.target == target)
+            .count();
+        position += have.min(o.per_task) as u64;
+        progress.update(position, &spec);
+        let mut need = o.per_task.saturating_sub(have);
+        let mut rng = Rng::new(o.seed ^ hash(&spec));
+        let mut attempts = 0;
+        while need > 0 && attempts < 50 * o.per_task {
+            let mut batch = Vec::new();
+            let mut labels = Vec::new();
+            while batch.len() < need.min(16) && attempts < 50 * o.per_task {
+                attempts += 1;
+                let sketch = space.sample(&mut rng);
+                let Ok(trace) = space.trace(&sketch) else {
+                    continue;
+                };
+                if !done.insert(RecordKey::new(&spec, &target, &fp, &trace)) {
+                    continue;
+                }
+                labels.push(space.mapping_label(&sketch));
+                batch.push(Candidate::new(op.clone(), trace));
+            }
+            if batch.is_empty() {
+                break;
+            }
+            let results = measurer.measure(&batch);
+            let records: Vec<TuningRecord> = batch
+                .into_iter()
+                .zip(results)
+                .zip(labels)
+                .map(|((c, r), mapping)| {
+                    errors += usize::from(r.is_err());
+                    TuningRecord::new(w, &target, fp.clone(), c.trace, mapping, r)
+                })
+                .collect();
+            log.append(&records)?;
+            measured += records.len();
+            need -= records.len();
+            position += records.len() as u64;
+            progress.update(position, &spec);
+        }
+        if need > 0 {
+            progress.note(&format!(
+                "note: {spec}: only {} distinct schedules found",
+                o.per_task - need
+            ));
+            short.push((spec, o.per_task - need));
+        }
+    }
+    progress.finish();
+    Ok(DatasetReport {
+        tasks: workloads.len(),
+        platform: platform_name,
+        machine: fp.model.clone(),
+        measured,
+        errors,
+        existing: existing.records.len(),
+        short,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Joins dataset shards into the new file `out`, each candidate once; returns the number of
+/// records written.
+pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<usize> {
+    if inputs.is_empty() {
+        bail!("give the shard files to merge");
+    }
+    let mut seen = HashSet::new();
+    let mut all = Vec::new();
+    for path in inputs {
+        for r in strict_read(path)? {
+            if seen.insert(r.key()) {
+                all.push(r);
+            }
+        }
+    }
+    if out.exists() {
+        bail!("{} exists; merge writes a new file", out.display());
+    }
+    let mut log = RecordLog::open(out)?;
+    log.append(&all)?;
+    Ok(all.len())
+}

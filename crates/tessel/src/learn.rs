@@ -1,0 +1,439 @@
+//! The model on measured records: `pretrain`, `transfer` (fine-tune on K records, beside
+//! training from scratch) and `eval` (ranking quality beside ridge and random).
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use tessel_features::WIDTH;
+use tessel_model::train::{
+    Comparison, Trainable, compare, rank, ridge_rank, split_tasks, transfer_options,
+};
+use tessel_model::{
+    Dataset, Loss, Metrics, Model, ModelConfig, Ranked, Sample, TrainOptions, TrainReport, metrics,
+    train,
+};
+use tessel_search::rng::Rng;
+
+use crate::data::{load, network_filter};
+use crate::error::{Context, Result, bail};
+use crate::progress::Progress;
+use crate::tune::fixtures_dir;
+
+/// How to pretrain.
+#[derive(Clone, Debug)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+pub struct PretrainOptions {
+    /// Dataset files (records; `.jsonl` or `.jsonl.gz`).
+    #[cfg_attr(feature = "clap", arg(long, num_args = 1.., required = true))]
+    pub data: Vec<PathBuf>,
+    /// Only the tasks of these networks, comma separated.
+    #[cfg_attr(feature = "clap", arg(long = "network", value_delimiter = ','))]
+    pub networks: Vec<String>,
+    /// Model path (writes NAME.safetensors and NAME.json).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub out: PathBuf,
+    /// Training epochs.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 30))]
+    pub epochs: usize,
+    /// lambdarank, pairwise or mse.
+    #[cfg_attr(feature = "clap", arg(long, default_value = "lambdarank"))]
+    pub loss: Loss,
+    /// Peak learning rate.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 3e-3))]
+    pub lr: f64,
+    /// Share of tasks held out for validation and early stopping.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 0.2))]
+    pub val_fraction: f64,
+    /// Seed of the initialisation, the split and the batches.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 1))]
+    pub seed: u64,
+    /// Width of the attention layers.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 48))]
+    pub d_model: usize,
+    /// Attention heads.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 3))]
+    pub heads: usize,
+    /// Attention layers.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 2))]
+    pub layers: usize,
+}
+
+impl PretrainOptions {
+    /// Pretrain on `data`, saving to `out`, with the defaults.
+    pub fn new(data: Vec<PathBuf>, out: PathBuf) -> Self {
+        PretrainOptions {
+            data,
+            networks: Vec::new(),
+            out,
+            epochs: 30,
+            loss: Loss::LambdaRank,
+            lr: 3e-3,
+            val_fraction: 0.2,
+            seed: 1,
+            d_model: 48,
+            heads: 3,
+            layers: 2,
+        }
+    }
+}
+
+/// What `pretrain` did.
+#[derive(Clone, Debug, Serialize)]
+pub struct PretrainReport {
+    /// Records trained and validated on.
+    pub records: usize,
+    /// Tasks (workload x target x machine).
+    pub tasks: usize,
+    /// The model's parameters.
+    pub parameters: usize,
+    /// Every epoch, and the best.
+    pub training: TrainReport,
+    /// Held-out validation tasks: the model beside ridge and random.
+    pub validation: Option<Comparison>,
+    /// Validation tasks.
+    pub validation_tasks: usize,
+    /// The files written.
+    pub saved: (PathBuf, PathBuf),
+}
+
+/// Trains a model on measured records and saves it.
+pub fn pretrain(o: &PretrainOptions, progress: &mut dyn Progress) -> Result<PretrainReport> {
+    let data = load(&o.data, network_filter(&o.networks)?.as_ref())?;
+    let mut config = ModelConfig::new(WIDTH);
+    config.d_model = o.d_model;
+    config.heads = o.heads;
+    config.layers = o.layers;
+    config.d_ff = 2 * o.d_model;
+    let mut model = Model::new(config, o.seed)?;
+    let opts = TrainOptions {
+        loss: o.loss,
+        epochs: o.epochs,
+        lr: o.lr,
+        val_fraction: o.val_fraction,
+        seed: o.seed,
+        ..TrainOptions::default()
+    };
+    progress.note(&format!(
+        "{} records of {} tasks; model of {} parameters",
+        data.samples.len(),
+        data.tasks.len(),
+        model.params.count()
+    ));
+    progress.start("epochs", o.epochs as u64);
+    let training = train(&mut model, &data, &opts, &mut |e| {
+        let val = e.val.map_or(String::new(), |m| {
+            format!(
+                "val top-1 {:.3} top-5 {:.3} pairwise {:.3}",
+                m.top1, m.top5, m.pairwise_accuracy
+            )
+        });
+        progress.note(&format!(
+            "epoch {:>3}: loss {:.4}, lr {:.2e}, {:.0} programs/s  {val}",
+            e.epoch, e.train_loss, e.lr, e.programs_per_s
+        ));
+        progress.update(e.epoch as u64, "");
+    })?;
+    progress.finish();
+    let (train_ids, val_ids) = split_tasks(data.tasks.len(), o.val_fraction, o.seed);
+    let validation = (!val_ids.is_empty()).then(|| {
+        compare(
+            &mut model,
+            &data.subset(&train_ids),
+            &data.subset(&val_ids),
+            o.seed,
+        )
+    });
+    model.info.provenance = serde_json::json!({
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "data": o.data.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+        "records": data.samples.len(),
+        "tasks": data.tasks.len(),
+        "options": opts,
+        "best_epoch": training.best_epoch,
+        "epochs": training.epochs,
+    });
+    model.save(&o.out)?;
+    Ok(PretrainReport {
+        records: data.samples.len(),
+        tasks: data.tasks.len(),
+        parameters: model.params.count(),
+        training,
+        validation,
+        validation_tasks: val_ids.len(),
+        saved: Model::paths(&o.out),
+    })
+}
+
+/// How to fine-tune.
+#[derive(Clone, Debug)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+pub struct TransferOptions {
+    /// The pretrained model.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub model: PathBuf,
+    /// Dataset files of the new target.
+    #[cfg_attr(feature = "clap", arg(long, num_args = 1.., required = true))]
+    pub data: Vec<PathBuf>,
+    /// Only the tasks of these networks, comma separated.
+    #[cfg_attr(feature = "clap", arg(long = "network", value_delimiter = ','))]
+    pub networks: Vec<String>,
+    /// Records to fine-tune on.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub shots: usize,
+    /// Where the fine-tuned model goes.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub out: PathBuf,
+    /// `all` (every weight, a tenth of the rate) or `head` (backbone frozen).
+    #[cfg_attr(feature = "clap", arg(long, default_value = "all"))]
+    pub mode: String,
+    /// Fine-tuning epochs.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 10))]
+    pub epochs: usize,
+    /// Seed of the split, the shots and the batches.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 1))]
+    pub seed: u64,
+}
+
+/// What `transfer` measured on the tasks it did not fine-tune on.
+#[derive(Clone, Debug, Serialize)]
+pub struct TransferReport {
+    /// Records fine-tuned on.
+    pub shots: usize,
+    /// `all` or `head`.
+    pub mode: String,
+    /// Test records and tasks.
+    pub test_records: usize,
+    /// Test tasks.
+    pub test_tasks: usize,
+    /// The pretrained model.
+    pub before: Comparison,
+    /// The fine-tuned model.
+    pub after: Comparison,
+    /// A model of the same shape trained from scratch on the same records.
+    pub scratch: Comparison,
+    /// The files written.
+    pub saved: (PathBuf, PathBuf),
+}
+
+/// Fine-tunes on K records of half the tasks; reports on the other half before and after,
+/// beside a model trained from scratch on the same K records.
+pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<TransferReport> {
+    let trainable = match o.mode.as_str() {
+        "all" => Trainable::All,
+        "head" => Trainable::HeadAndEmbedding,
+        other => bail!("mode `{other}`: expected all or head"),
+    };
+    let mut model =
+        Model::load(&o.model).with_context(|| format!("model {}", o.model.display()))?;
+    model.check_schema(tessel_features::SCHEMA_VERSION)?;
+    let data = load(&o.data, network_filter(&o.networks)?.as_ref())?;
+    let (shots, test) = few_shot_split(&data, o.shots, o.seed)?;
+    let pre = TrainOptions {
+        epochs: o.epochs,
+        val_fraction: 0.0,
+        seed: o.seed,
+        ..TrainOptions::default()
+    };
+    progress.start("models", 2);
+    let before = compare(&mut model, &shots, &test, o.seed);
+    if !shots.samples.is_empty() {
+        train(
+            &mut model,
+            &shots,
+            &transfer_options(trainable, &pre),
+            &mut |_| {},
+        )?;
+    }
+    progress.update(1, "from scratch");
+    let after = compare(&mut model, &shots, &test, o.seed);
+    let mut scratch = Model::new(model.config().clone(), o.seed)?;
+    if !shots.samples.is_empty() {
+        train(&mut scratch, &shots, &pre, &mut |_| {})?;
+    }
+    progress.finish();
+    let scratch = compare(&mut scratch, &shots, &test, o.seed);
+    model.info.provenance = serde_json::json!({
+        "transferred_from": o.model.display().to_string(),
+        "data": o.data.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+        "shots": o.shots,
+        "mode": o.mode,
+    });
+    model.save(&o.out)?;
+    Ok(TransferReport {
+        shots: shots.samples.len(),
+        mode: o.mode.clone(),
+        test_records: test.samples.len(),
+        test_tasks: test.tasks.len(),
+        before,
+        after,
+        scratch,
+        saved: Model::paths(&o.out),
+    })
+}
+
+/// K records for fine-tuning, drawn from half of the tasks (seeded); the other tasks test.
+fn few_shot_split(data: &Dataset, k: usize, seed: u64) -> Result<(Dataset, Dataset)> {
+    if data.tasks.len() < 2 {
+        bail!("transfer needs at least two tasks (one to fine-tune on, one to test)");
+    }
+    let (train_ids, test_ids) = split_tasks(data.tasks.len(), 0.5, seed);
+    let pool = data.subset(&train_ids);
+    let mut rng = Rng::new(seed);
+    let mut idx: Vec<usize> = (0..pool.samples.len()).collect();
+    for i in (1..idx.len()).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        idx.swap(i, j);
+    }
+    idx.truncate(k);
+    let samples: Vec<Sample> = idx.iter().map(|&i| pool.samples[i].clone()).collect();
+    Ok((
+        Dataset::new(pool.tasks.clone(), samples, data.width)?,
+        data.subset(&test_ids),
+    ))
+}
+
+/// The committed datasets (fixtures/README.md) and the networks the shipped model never saw.
+pub const SHIPPED_DATASETS: &[&str] = &["cpu-avx2-fma.jsonl.gz", "cpu-scalar.jsonl.gz"];
+/// Networks the shipped model was not trained on.
+pub const HELD_OUT_NETWORKS: &[&str] = &["vit-b16"];
+
+/// What to evaluate.
+#[derive(Clone, Debug, Default)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+pub struct EvalOptions {
+    /// The model (default: the shipped fixtures/models/cpu).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub model: Option<PathBuf>,
+    /// Dataset files (default: the shipped datasets, held-out networks only).
+    #[cfg_attr(feature = "clap", arg(long, num_args = 1..))]
+    pub data: Vec<PathBuf>,
+    /// Only the tasks of these networks, comma separated.
+    #[cfg_attr(feature = "clap", arg(long = "network", value_delimiter = ','))]
+    pub networks: Vec<String>,
+    /// Seed of the ridge split and the random baseline.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 1))]
+    pub seed: u64,
+    /// Write plots (predicted vs measured per task, top-k curves) into this directory: SVG,
+    /// and PNG where rsvg-convert is installed.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub plot: Option<PathBuf>,
+}
+
+/// A model's ranking quality.
+#[derive(Clone, Debug, Serialize)]
+pub struct EvalReport {
+    /// The model file.
+    pub model: String,
+    /// Records ranked.
+    pub records: usize,
+    /// Tasks ranked.
+    pub tasks: usize,
+    /// TenSet's top-1 score.
+    pub top1: f64,
+    /// TenSet's top-5 score.
+    pub top5: f64,
+    /// Share of pairs ordered right.
+    pub pairwise_accuracy: f64,
+    /// Kendall's tau.
+    pub kendall_tau: f64,
+    /// Ridge regression, fitted on the other half of the tasks.
+    pub ridge: Metrics,
+    /// A random ranking.
+    pub random: Metrics,
+    /// Where the plots went, and why there is no PNG where there is none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plots: Option<(PathBuf, Option<String>)>,
+}
+
+/// The model's ranking of every task of the data, beside ridge (fitted on the other half of
+/// the tasks, both ways, so it never sees the tasks it ranks) and random scores.
+pub fn eval(o: &EvalOptions) -> Result<EvalReport> {
+    let model_path = match &o.model {
+        Some(p) => p.clone(),
+        None => fixtures_dir().join("models/cpu.safetensors"),
+    };
+    let (data_files, networks) = if o.data.is_empty() {
+        let dir = fixtures_dir().join("datasets");
+        let files: Vec<PathBuf> = SHIPPED_DATASETS.iter().map(|f| dir.join(f)).collect();
+        let nets = if o.networks.is_empty() {
+            HELD_OUT_NETWORKS.iter().map(|s| s.to_string()).collect()
+        } else {
+            o.networks.clone()
+        };
+        (files, nets)
+    } else {
+        (o.data.clone(), o.networks.clone())
+    };
+    let mut model =
+        Model::load(&model_path).with_context(|| format!("model {}", model_path.display()))?;
+    model.check_schema(tessel_features::SCHEMA_VERSION)?;
+    let data = load(&data_files, network_filter(&networks)?.as_ref())?;
+    let ranked = rank(&mut model, &data);
+    let (a, b) = split_tasks(data.tasks.len(), 0.5, o.seed);
+    let ridge_ranked: Vec<Ranked> = if a.is_empty() || b.is_empty() {
+        ridge_rank(&data, &data)
+    } else {
+        let (da, db) = (data.subset(&a), data.subset(&b));
+        let (on_b, on_a) = (ridge_rank(&da, &db), ridge_rank(&db, &da));
+        let mut out = ranked.clone();
+        for (i, &t) in b.iter().enumerate() {
+            out[t] = on_b[i].clone();
+        }
+        for (i, &t) in a.iter().enumerate() {
+            out[t] = on_a[i].clone();
+        }
+        out
+    };
+    let model_metrics = metrics::evaluate(&ranked);
+    let plots = match &o.plot {
+        Some(dir) => Some((
+            dir.clone(),
+            plot(dir, &data, &ranked, &ridge_ranked, o.seed)?,
+        )),
+        None => None,
+    };
+    Ok(EvalReport {
+        model: model_path.display().to_string(),
+        records: data.samples.len(),
+        tasks: data.tasks.len(),
+        top1: model_metrics.top1,
+        top5: model_metrics.top5,
+        pairwise_accuracy: model_metrics.pairwise_accuracy,
+        kendall_tau: model_metrics.kendall_tau,
+        ridge: metrics::evaluate(&ridge_ranked),
+        random: metrics::random_baseline(&ranked, 20, o.seed),
+        plots,
+    })
+}
+
+/// Writes the eval plots into `dir`; returns why there is no PNG, where there is none.
+fn plot(
+    dir: &Path,
+    data: &Dataset,
+    ranked: &[Ranked],
+    ridge: &[Ranked],
+    seed: u64,
+) -> Result<Option<String>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let named: Vec<(String, Ranked)> = data
+        .tasks
+        .iter()
+        .map(|(k, _)| k.clone())
+        .zip(ranked.iter().cloned())
+        .collect();
+    let svgs = [dir.join("predicted_vs_measured.svg"), dir.join("top_k.svg")];
+    crate::plot::scatter(&svgs[0], &named)?;
+    let mut rng = Rng::new(seed);
+    let random: Vec<Ranked> = ranked
+        .iter()
+        .map(|t| Ranked {
+            predicted: t.latency.iter().map(|_| rng.unit()).collect(),
+            ..t.clone()
+        })
+        .collect();
+    crate::plot::top_k(
+        &svgs[1],
+        &[("model", ranked), ("ridge", ridge), ("random", &random)],
+    )?;
+    Ok(crate::plot::png_copies(&[&svgs[0], &svgs[1]]).err())
+}

@@ -1,0 +1,94 @@
+//! tessel: an auto-tuner for tensor programs on tensorized instructions (Intel AMX,
+//! AVX-512 VNNI/BF16, AVX2, NVIDIA Tensor Cores), as a library.
+//!
+//! This façade crate holds the pipelines as plain functions over option structs; they return
+//! reports and print nothing (progress goes through a [`Progress`]):
+//!
+//! - [`tune`]: search the schedule space of a workload or a network on a [`Target`], rank
+//!   candidates with the learned cost model, measure the best, log every record.
+//! - [`dataset`] and [`merge`]: random schedules of every task, measured, as records.
+//! - [`pretrain`], [`transfer`] and [`eval`]: the attention cost model on those records.
+//! - [`measure`], [`bench_cpu`], [`best`], [`emit`], [`sim_check`]: one schedule, the
+//!   reference kernels beside oneDNN, the best of a log and its code, the GPU model's ranking.
+//!
+//! The parts are re-exported as modules: [`ir`] (operators, workloads, traces, lowering),
+//! [`intrin`] (instructions and matching), [`search`], [`features`], [`model`], [`cpu`],
+//! [`gpu`] and [`measurement`].
+//!
+//! Kernels run in a worker process, so a crash never takes the caller down. The worker is
+//! this same program: call [`serve_if_worker`] first thing in `main`.
+//!
+//! ```no_run
+//! use tessel::{NoProgress, TuneOptions};
+//!
+//! fn main() -> Result<(), tessel::Error> {
+//!     tessel::serve_if_worker();
+//!     let gemm = "gemm:m=256,n=256,k=256,dtype=f32".parse()?;
+//!     let opts = TuneOptions {
+//!         trials: 32,
+//!         ..TuneOptions::workload(gemm)
+//!     };
+//!     let report = tessel::tune(&opts, &mut NoProgress)?;
+//!     println!("{:.1} GFLOP/s", report.gflops.unwrap_or(0.0));
+//!     Ok(())
+//! }
+//! ```
+#![deny(missing_docs)]
+
+mod bench;
+mod data;
+mod dataset;
+mod error;
+mod learn;
+mod measure;
+mod plot;
+mod progress;
+mod simcheck;
+mod target;
+mod tune;
+mod worker;
+
+pub use bench::{BENCH_HEADER, BenchOptions, BenchReport, BenchRow, bench_cpu, bench_row_line};
+pub use data::{load, network_filter, strict_read};
+pub use dataset::{DatasetOptions, DatasetReport, dataset, merge, parse_shard};
+pub use error::{Context, Error, Result};
+pub use learn::{
+    EvalOptions, EvalReport, HELD_OUT_NETWORKS, PretrainOptions, PretrainReport, SHIPPED_DATASETS,
+    TransferOptions, TransferReport, eval, pretrain, transfer,
+};
+pub use measure::{MeasureOptions, MeasureReport, generated_c, measure, schedule_of};
+pub use progress::{NoProgress, Notes, Progress};
+pub use simcheck::{SimCheckReport, sim_check};
+pub use target::{Peaks, Target, TargetOptions, TargetSpec, cpu_measurer, instruction_of};
+pub use tune::{
+    Emit, ModelChoice, TaskReport, TuneOptions, TuneReport, best, emit, fixtures_dir,
+    read_log_noting, tune,
+};
+pub use worker::{WORKER_ENV, serve_if_worker, worker_command};
+
+/// Operators, workloads, networks, schedule traces, lowering and the reference interpreter.
+pub use tessel_ir as ir;
+
+/// Tensorized instructions as data, host detection, the matching problem, the CPU tables.
+pub use tessel_intrin as intrin;
+
+/// The `Measurer` seam, candidates, results, fingerprints and the worker process.
+pub use tessel_measure as measurement;
+
+/// Schedule spaces, evolutionary search and tuning records.
+pub use tessel_search as search;
+
+/// Allocation features.
+pub use tessel_features as features;
+
+/// The attention cost model: training, transfer, metrics.
+pub use tessel_model as model;
+
+/// The x86 backend: C generation, compilation, isolated measurement.
+pub use tessel_cpu as cpu;
+
+/// The NVIDIA backend: CUDA generation, the analytical model, real measurement (`cuda`).
+pub use tessel_gpu as gpu;
+
+pub use tessel_ir::{DType, Trace, Workload};
+pub use tessel_search::TuningRecord;

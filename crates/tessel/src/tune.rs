@@ -1,0 +1,443 @@
+//! `tune`: searches for the fastest schedule of a workload or of every task of a network, and
+//! `best`: the fastest record per workload of a log, and its code.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Instant;
+
+use serde::Serialize;
+use tessel_intrin::Catalog;
+use tessel_ir::{DType, Workload, network};
+use tessel_measure::CostModel;
+use tessel_search::records::LogContents;
+use tessel_search::{RandomModel, RecordLog, SearchOptions, Task, Tuner, TuningRecord, read_log};
+
+use crate::error::{Context, Error, Result, bail};
+use crate::progress::Progress;
+use crate::target::{Target, TargetOptions, TargetSpec};
+
+/// Which cost model ranks candidates.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ModelChoice {
+    /// The pretrained model shipped in `fixtures/models` (CPU targets; GPU targets and a
+    /// checkout without it fall back to random, with a note).
+    #[default]
+    Shipped,
+    /// A random ranking.
+    Random,
+    /// A model file from `pretrain` (its `.safetensors` or `.json`).
+    File(PathBuf),
+}
+
+impl FromStr for ModelChoice {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "shipped" => ModelChoice::Shipped,
+            "none" | "random" => ModelChoice::Random,
+            "" => bail!("model: give a model file, `shipped` or `none`"),
+            path => ModelChoice::File(path.into()),
+        })
+    }
+}
+
+/// What to tune and how.
+#[derive(Clone, Debug)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+pub struct TuneOptions {
+    /// A workload spec, e.g. gemm:m=1024,n=1024,k=1024,dtype=f32.
+    #[cfg_attr(feature = "clap", arg(long, conflicts_with = "network"))]
+    pub workload: Option<Workload>,
+    /// A network name (`cargo xtask workloads`): tunes all its tasks.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub network: Option<String>,
+    /// Network batch size.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 1))]
+    pub batch: u64,
+    /// Network element type.
+    #[cfg_attr(feature = "clap", arg(long, default_value = "bf16"))]
+    pub dtype: DType,
+    /// `cpu` (measured here), `gpu` (measured, `cuda` feature) or `sim:NAME`, the analytical
+    /// model of a GPU (v100, t4, a10, a100, l4, h100, h200, rtx4090): estimates.
+    #[cfg_attr(feature = "clap", arg(long, default_value = "cpu"))]
+    pub target: TargetSpec,
+    /// Candidates to measure in all (records already in the log count).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 64))]
+    pub trials: usize,
+    /// Cost model: a model file from `pretrain` (`.safetensors` or `.json`), `none` for the
+    /// random ranking, or `shipped` (fixtures/models).
+    #[cfg_attr(feature = "clap", arg(long, default_value = "shipped"))]
+    pub model: ModelChoice,
+    /// Tuning log (JSON Lines, append-only; a rerun resumes from it).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub log: Option<PathBuf>,
+    /// Seed of the search and of the model's online steps.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 1))]
+    pub seed: u64,
+    /// OpenMP threads per kernel.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 1))]
+    pub threads: usize,
+    /// Sketches per generation of the evolutionary search.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 64))]
+    pub population: usize,
+    /// Candidates measured per round.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 16))]
+    pub measure_batch: usize,
+    /// Share of each round's candidates drawn at random.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 0.2))]
+    pub epsilon: f64,
+    /// The measurement worker executable (default: this program; see `serve_if_worker`).
+    #[cfg_attr(feature = "clap", arg(skip))]
+    pub worker_exe: Option<PathBuf>,
+}
+
+impl TuneOptions {
+    /// Tune `workload` on this CPU with the defaults.
+    pub fn workload(workload: Workload) -> Self {
+        TuneOptions {
+            workload: Some(workload),
+            network: None,
+            batch: 1,
+            dtype: DType::BF16,
+            target: TargetSpec::Cpu,
+            trials: 64,
+            model: ModelChoice::Shipped,
+            log: None,
+            seed: 1,
+            threads: 1,
+            population: 64,
+            measure_batch: 16,
+            epsilon: 0.2,
+            worker_exe: None,
+        }
+    }
+}
+
+/// The best of one task.
+#[derive(Clone, Debug, Serialize)]
+pub struct TaskReport {
+    /// The workload spec.
+    pub workload: String,
+    /// How often the network runs it.
+    pub weight: u64,
+    /// Candidates measured for it (this run and the log).
+    pub trials: usize,
+    /// The best latency, ms.
+    pub latency_ms: Option<f64>,
+    /// The best throughput.
+    pub gflops: Option<f64>,
+    /// The best throughput against the peak of its instruction.
+    pub percent_of_peak: Option<f64>,
+    /// The best candidate's mapping (`None`: the vectorized-loop fallback).
+    pub mapping: Option<String>,
+    /// The best candidate's trace (JSON).
+    #[serde(skip)]
+    pub trace: Option<tessel_ir::Trace>,
+}
+
+/// What `tune` found.
+#[derive(Clone, Debug, Serialize)]
+pub struct TuneReport {
+    /// The workload spec or network name.
+    pub workload: String,
+    /// The target label records carry.
+    pub target: String,
+    /// The machine (CPU model, GPU name, or device model).
+    pub machine: String,
+    /// The compiler the measurements used.
+    pub compiler: String,
+    /// Whether latencies are a model's estimates.
+    pub estimates: bool,
+    /// The cost model's name.
+    pub model: String,
+    /// Sum over tasks of weight x best latency, ms, when every task has a valid candidate.
+    pub latency_ms: Option<f64>,
+    /// Total FLOPs over that latency.
+    pub gflops: Option<f64>,
+    /// For one task, its best against the peak.
+    pub percent_of_peak: Option<f64>,
+    /// Candidates in all.
+    pub trials: usize,
+    /// Candidates measured by this run.
+    pub measured_this_run: usize,
+    /// Candidates read back from the log.
+    pub resumed_from_log: usize,
+    /// Candidates that failed (compile, crash, wrong result, ...).
+    pub errors: usize,
+    /// Wall time, s.
+    pub search_time_s: f64,
+    /// Time spent outside measurement (sampling, features, the model), s.
+    pub search_overhead_s: f64,
+    /// That overhead as a share of the wall time.
+    pub search_overhead_percent: f64,
+    /// Per task.
+    pub tasks: Vec<TaskReport>,
+}
+
+/// Tunes; appends every measured candidate to `opts.log` before learning from it.
+pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneReport> {
+    // Load the model before anything slow, so a bad file fails at once.
+    let learned = match &opts.model {
+        ModelChoice::Random => None,
+        // Trained on CPU measurements: GPU targets start from the random ranking.
+        ModelChoice::Shipped if opts.target == TargetSpec::Cpu => shipped_model(progress),
+        ModelChoice::Shipped => None,
+        ModelChoice::File(path) => {
+            let model = tessel_model::Model::load(path)
+                .with_context(|| format!("model {}", path.display()))?;
+            model.check_schema(tessel_features::SCHEMA_VERSION)?;
+            Some((path.display().to_string(), model))
+        }
+    };
+    if opts.trials == 0 {
+        bail!("trials must be at least 1");
+    }
+    let mut target = Target::open(
+        &opts.target,
+        &TargetOptions {
+            threads: opts.threads,
+            worker_exe: opts.worker_exe.clone(),
+            ..TargetOptions::default()
+        },
+    )?;
+    let set = target.instruction_set();
+    let (label, mut tasks) = match (&opts.workload, &opts.network) {
+        (Some(w), None) => (w.to_string(), vec![Task::new(*w, 1, &set)]),
+        (None, Some(name)) => {
+            let net = network(name, opts.batch, opts.dtype)?;
+            let tasks = net
+                .tasks()
+                .into_iter()
+                .map(|t| Task::new(t.workload, t.weight, &set))
+                .collect();
+            (net.name.clone(), tasks)
+        }
+        _ => bail!("give exactly one of a workload and a network"),
+    };
+    for t in tasks.iter().take(1) {
+        for (id, why) in t.space().skipped() {
+            progress.note(&format!("note: {id} not used: {why}"));
+        }
+    }
+    if target.is_estimate() {
+        progress.note(&format!(
+            "note: {} is an analytical model: latencies are estimates, not measurements",
+            target.label()
+        ));
+    }
+    let peaks = target.peaks()?;
+    let fingerprint = target.fingerprint();
+    let mut model: Box<dyn CostModel> = match learned {
+        None => Box::new(RandomModel::new(opts.seed)),
+        Some((path, m)) => {
+            let features = tessel_features::Target::from_fingerprint(&fingerprint)?;
+            let online = tessel_model::cost::OnlineOptions {
+                seed: opts.seed,
+                ..Default::default()
+            };
+            Box::new(tessel_model::ModelCostModel::new(
+                m, features, &path, online,
+            ))
+        }
+    };
+    let model_name = model.name();
+    let search = SearchOptions {
+        population: opts.population,
+        generations: 2,
+        batch: opts.measure_batch,
+        epsilon: opts.epsilon,
+        seed: opts.seed,
+    };
+    let (log, resumed) = match &opts.log {
+        Some(path) => {
+            let contents = read_log_noting(path, progress)?;
+            (Some(RecordLog::open(path)?), contents.records)
+        }
+        None => (None, Vec::new()),
+    };
+    let start = Instant::now();
+    let target_label = target.label();
+    let mut tuner = Tuner::new(
+        target.measurer(),
+        model.as_mut(),
+        log,
+        &target_label,
+        search,
+    );
+    tuner.resume(&mut tasks, &resumed);
+    progress.start("trials", opts.trials as u64);
+    let done: usize = tasks.iter().map(|t| t.trials).sum();
+    progress.update(done.min(opts.trials) as u64, "");
+    tuner.tune(&mut tasks, opts.trials, &mut |p| {
+        let best = p
+            .task
+            .best
+            .as_ref()
+            .map_or("no valid candidate yet".to_string(), |b| {
+                format!("best {:.1} GFLOP/s", b.gflops)
+            });
+        progress.update(
+            p.trials.min(p.total) as u64,
+            &format!("{best}  ({})", p.task.workload),
+        );
+    })?;
+    progress.finish();
+    let stats = tuner.stats.clone();
+    let elapsed = start.elapsed().as_secs_f64();
+
+    let task_reports: Vec<TaskReport> = tasks
+        .iter()
+        .map(|t| TaskReport {
+            workload: t.workload.to_string(),
+            weight: t.weight,
+            trials: t.trials,
+            latency_ms: t.best.as_ref().map(|b| b.latency_s * 1e3),
+            gflops: t.best.as_ref().map(|b| b.gflops),
+            percent_of_peak: t
+                .best
+                .as_ref()
+                .and_then(|b| peaks.of(b.mapping.as_deref()).map(|p| 100.0 * b.gflops / p)),
+            mapping: t.best.as_ref().and_then(|b| b.mapping.clone()),
+            trace: t.best.as_ref().map(|b| b.trace.clone()),
+        })
+        .collect();
+    let all_found = tasks.iter().all(|t| t.best.is_some());
+    let latency_s: Option<f64> = all_found.then(|| {
+        tasks
+            .iter()
+            .filter_map(|t| t.weighted_latency())
+            .sum::<f64>()
+    });
+    let flops: f64 = tasks
+        .iter()
+        .map(|t| t.weight as f64 * t.workload.flops() as f64)
+        .sum();
+    let percent = match task_reports.as_slice() {
+        [one] => one.percent_of_peak,
+        _ => None,
+    };
+    Ok(TuneReport {
+        workload: label,
+        target: target_label,
+        machine: target
+            .gpu_name()
+            .map_or(fingerprint.model.clone(), str::to_string),
+        compiler: fingerprint.compiler.clone(),
+        estimates: target.is_estimate(),
+        model: model_name,
+        latency_ms: latency_s.map(|l| l * 1e3),
+        gflops: latency_s.map(|l| flops / l / 1e9),
+        percent_of_peak: percent,
+        trials: tasks.iter().map(|t| t.trials).sum(),
+        measured_this_run: stats.measured,
+        resumed_from_log: stats.resumed,
+        errors: stats.errors,
+        search_time_s: elapsed,
+        search_overhead_s: stats.search_overhead_s(),
+        search_overhead_percent: 100.0 * stats.search_overhead_s() / stats.total_time_s.max(1e-9),
+        tasks: task_reports,
+    })
+}
+
+/// Where the shipped data lives: `fixtures/` of this checkout.
+pub fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+/// The pretrained model in `fixtures/models/` (see fixtures/README.md), if present and of
+/// this feature schema; otherwise the random cost model is used, with a note.
+fn shipped_model(progress: &mut dyn Progress) -> Option<(String, tessel_model::Model)> {
+    let path = fixtures_dir().join("models/cpu.safetensors");
+    if !path.exists() {
+        return None;
+    }
+    match tessel_model::Model::load(&path) {
+        Ok(m) if m.check_schema(tessel_features::SCHEMA_VERSION).is_ok() => {
+            Some(("fixtures/models/cpu".to_string(), m))
+        }
+        Ok(_) => {
+            progress.note(
+                "note: the shipped model has another feature schema; using the random cost model",
+            );
+            None
+        }
+        Err(e) => {
+            progress.note(&format!(
+                "note: the shipped model did not load ({e}); using the random cost model"
+            ));
+            None
+        }
+    }
+}
+
+/// Reads a tuning log, noting each corrupt line it skips.
+pub fn read_log_noting(path: &Path, progress: &mut dyn Progress) -> Result<LogContents> {
+    let contents = read_log(path)?;
+    for c in &contents.corrupt {
+        progress.note(&format!(
+            "warning: {}:{}: skipped a corrupt record ({})",
+            path.display(),
+            c.line,
+            c.reason
+        ));
+    }
+    Ok(contents)
+}
+
+/// The code `best` can show of a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Emit {
+    /// The trace, as JSON that `measure --trace` reads.
+    Trace,
+    /// The CPU kernel's C.
+    C,
+    /// The GPU kernel's CUDA C++.
+    Cuda,
+}
+
+impl FromStr for Emit {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "trace" => Emit::Trace,
+            "c" => Emit::C,
+            "cuda" => Emit::Cuda,
+            other => bail!("emit takes c, cuda or trace, not `{other}`"),
+        })
+    }
+}
+
+/// The fastest successful record per (workload, target) of a log.
+pub fn best(log: &Path, progress: &mut dyn Progress) -> Result<Vec<TuningRecord>> {
+    let contents = read_log_noting(log, progress)?;
+    let best: Vec<TuningRecord> = contents.best().into_values().cloned().collect();
+    if best.is_empty() {
+        bail!(
+            "{} holds no successful record ({} records, {} corrupt lines)",
+            log.display(),
+            contents.records.len(),
+            contents.corrupt.len()
+        );
+    }
+    Ok(best)
+}
+
+/// A record's code: its trace, or the kernel the CPU or GPU generator makes of it.
+pub fn emit(record: &TuningRecord, what: Emit) -> Result<String> {
+    let catalog = Catalog::default();
+    Ok(match what {
+        Emit::Trace => record.trace.to_json_pretty(),
+        Emit::C => {
+            let program = record.program(&catalog)?;
+            tessel_cpu::generate(&program, "kernel", &catalog)?.source
+        }
+        Emit::Cuda => {
+            let program = record.program(&catalog)?;
+            let k = tessel_gpu::generate(&program, "kernel")?;
+            format!(
+                "// launch with {} bytes of dynamic shared memory\n{}",
+                k.shared_bytes, k.source
+            )
+        }
+    })
+}

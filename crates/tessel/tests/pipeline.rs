@@ -1,0 +1,199 @@
+//! The pipelines as a library: dataset (two platforms, sharded) -> merge -> pretrain -> eval ->
+//! transfer, and tune -> best -> emit, asserting on the reports.
+
+use std::path::{Path, PathBuf};
+
+use tessel::{
+    DatasetOptions, Emit, EvalOptions, ModelChoice, NoProgress, Notes, PretrainOptions, TargetSpec,
+    TransferOptions, TuneOptions,
+};
+
+/// Test harnesses cannot serve as workers: the façade's worker binary does.
+fn worker() -> Option<PathBuf> {
+    Some(env!("CARGO_BIN_EXE_tessel-worker").into())
+}
+
+fn fresh_dir(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn dataset_options(platform: &str, out: PathBuf) -> DatasetOptions {
+    DatasetOptions {
+        target: TargetSpec::Cpu,
+        networks: Vec::new(),
+        workload: Some("gemm:m=32,n=48,k=64,dtype=f32".parse().unwrap()),
+        per_task: 12,
+        out,
+        shard: Some("0/1".into()),
+        platform: Some(platform.into()),
+        batch: 1,
+        threads: 1,
+        seed: 1,
+        max_tasks: None,
+        worker_exe: worker(),
+    }
+}
+
+#[test]
+fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
+    let dir = fresh_dir("lib-pipeline");
+    for (platform, out) in [("avx2-fma", "a.jsonl"), ("scalar", "b.jsonl")] {
+        let o = dataset_options(platform, dir.join(out));
+        let report = tessel::dataset(&o, &mut NoProgress).unwrap();
+        assert_eq!((report.tasks, report.measured, report.existing), (1, 12, 0));
+        assert_eq!(report.platform, platform);
+        assert!(report.errors < 12, "every schedule failed: {report:?}");
+    }
+    // Rerunning resumes: nothing new to measure.
+    let again = tessel::dataset(
+        &dataset_options("avx2-fma", dir.join("a.jsonl")),
+        &mut NoProgress,
+    )
+    .unwrap();
+    assert_eq!((again.measured, again.existing), (0, 12));
+    let all = dir.join("all.jsonl");
+    let merged = tessel::merge(&all, &[dir.join("a.jsonl"), dir.join("b.jsonl")]).unwrap();
+    assert_eq!(merged, 24);
+    // merge writes a new file, never over an old one.
+    assert!(tessel::merge(&all, &[dir.join("a.jsonl")]).is_err());
+
+    let pretrain = PretrainOptions {
+        epochs: 2,
+        val_fraction: 0.5,
+        d_model: 16,
+        heads: 2,
+        layers: 1,
+        ..PretrainOptions::new(vec![all.clone()], dir.join("m/model"))
+    };
+    let mut notes = Notes::default();
+    let trained = tessel::pretrain(&pretrain, &mut notes).unwrap();
+    assert_eq!(trained.tasks, 2);
+    assert!(trained.records > 12 && trained.records <= 24);
+    assert_eq!(trained.training.epochs.len(), 2);
+    assert!(trained.validation.is_some() && trained.validation_tasks == 1);
+    assert!(notes.0.iter().any(|n| n.starts_with("epoch")), "{notes:?}");
+    assert!(trained.saved.0.exists() && trained.saved.1.exists());
+
+    let eval = tessel::eval(&EvalOptions {
+        model: Some(dir.join("m/model")),
+        data: vec![all.clone()],
+        plot: Some(dir.join("plots")),
+        ..EvalOptions::default()
+    })
+    .unwrap();
+    assert_eq!((eval.tasks, eval.records), (2, trained.records));
+    for v in [
+        eval.top1,
+        eval.top5,
+        eval.pairwise_accuracy,
+        eval.kendall_tau,
+    ] {
+        assert!((-1.0..=1.0).contains(&v), "{eval:?}");
+    }
+    assert!(eval.top5 >= eval.top1);
+    let svg = std::fs::read_to_string(dir.join("plots/top_k.svg")).unwrap();
+    assert!(svg.starts_with("<svg"));
+
+    let transfer = tessel::transfer(
+        &TransferOptions {
+            model: dir.join("m/model"),
+            data: vec![all],
+            networks: Vec::new(),
+            shots: 6,
+            out: dir.join("m/tuned"),
+            mode: "all".into(),
+            epochs: 1,
+            seed: 1,
+        },
+        &mut NoProgress,
+    )
+    .unwrap();
+    assert_eq!(transfer.shots, 6);
+    assert_eq!(transfer.test_tasks, 1);
+    assert!(transfer.saved.0.exists());
+}
+
+#[test]
+fn tune_logs_every_trial_and_its_best_becomes_c() {
+    let dir = fresh_dir("lib-tune");
+    let log = dir.join("tune.jsonl");
+    let opts = TuneOptions {
+        trials: 8,
+        measure_batch: 4,
+        population: 16,
+        model: ModelChoice::Random,
+        log: Some(log.clone()),
+        worker_exe: worker(),
+        ..TuneOptions::workload("gemm:m=32,n=32,k=32,dtype=f32".parse().unwrap())
+    };
+    let report = tessel::tune(&opts, &mut NoProgress).unwrap();
+    assert_eq!((report.trials, report.measured_this_run), (8, 8));
+    assert!(!report.estimates && report.target == "cpu");
+    let task = &report.tasks[0];
+    assert!(task.gflops.is_some_and(|g| g > 0.0), "{report:?}");
+    assert!(task.percent_of_peak.is_some_and(|p| p > 0.0 && p < 150.0));
+    let lines = std::fs::read_to_string(&log).unwrap().lines().count();
+    assert_eq!(lines, 8);
+
+    // Resuming from the log measures nothing new.
+    let again = tessel::tune(&opts, &mut NoProgress).unwrap();
+    assert_eq!((again.measured_this_run, again.resumed_from_log), (0, 8));
+
+    let best = tessel::best(&log, &mut NoProgress).unwrap();
+    assert_eq!(best.len(), 1);
+    assert_eq!(best[0].latency().map(|l| l * 1e3), task.latency_ms);
+    let c = tessel::emit(&best[0], Emit::C).unwrap();
+    assert!(c.contains("void kernel(void *const *args)"), "{c}");
+    // The trace it emits is one that replays.
+    let trace = tessel::emit(&best[0], Emit::Trace).unwrap();
+    assert_eq!(tessel::Trace::from_json(&trace).unwrap(), best[0].trace);
+}
+
+#[test]
+fn bad_options_are_errors_that_name_them() {
+    let w = "gemm:m=8,n=8,k=8,dtype=f32".parse().unwrap();
+    let zero_trials = TuneOptions {
+        trials: 0,
+        model: ModelChoice::Random,
+        ..TuneOptions::workload(w)
+    };
+    let e = tessel::tune(&zero_trials, &mut NoProgress).unwrap_err();
+    assert!(e.to_string().contains("trials"), "{e}");
+    let e = "tpu".parse::<TargetSpec>().unwrap_err().to_string();
+    assert!(e.contains("tpu") && e.contains("sim:a100"), "{e}");
+    assert_eq!(
+        "sim:h100".parse::<TargetSpec>().unwrap().to_string(),
+        "sim:h100"
+    );
+    let mut o = dataset_options("tpu", Path::new("/nonexistent/x.jsonl").into());
+    let e = tessel::dataset(&o, &mut NoProgress)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("unknown platform `tpu`"), "{e}");
+    o.platform = Some("avx2-fma".into());
+    o.shard = Some("3/2".into());
+    let e = tessel::dataset(&o, &mut NoProgress)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("shard"), "{e}");
+}
+
+#[test]
+fn gpu_model_targets_tune_without_a_gpu() {
+    let opts = TuneOptions {
+        target: "sim:a100".parse().unwrap(),
+        trials: 24,
+        ..TuneOptions::workload("gemm:m=512,n=512,k=512,dtype=f16".parse().unwrap())
+    };
+    let mut notes = Notes::default();
+    let report = tessel::tune(&opts, &mut notes).unwrap();
+    assert!(report.estimates && report.target == "sim:a100");
+    assert!(report.machine.contains("analytical model"), "{report:?}");
+    assert!(notes.0.iter().any(|n| n.contains("estimates")), "{notes:?}");
+    // Estimates of an A100 land below its 312 TFLOPS fp16 peak.
+    let pct = report.percent_of_peak.unwrap();
+    assert!(pct > 0.0 && pct <= 100.0, "{pct}");
+}

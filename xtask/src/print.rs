@@ -1,0 +1,238 @@
+//! Reports as tables for people (`--json` prints them whole instead).
+
+use anyhow::Result;
+use tessel::model::train::Comparison;
+use tessel::{
+    BenchReport, DatasetOptions, DatasetReport, Emit, EvalReport, MeasureReport, PretrainReport,
+    SimCheckReport, TransferReport, TuneOptions, TuneReport, TuningRecord,
+};
+
+fn opt(x: Option<f64>, precision: usize) -> String {
+    x.map_or("-".to_string(), |v| format!("{v:.precision$}"))
+}
+
+pub fn measure(r: &MeasureReport) {
+    println!("{}", r.workload);
+    println!(
+        "  median {:.4} ms, min {:.4} ms over {} runs (spread {:.1}%): {:.1} GFLOP/s{}",
+        r.latency_ms,
+        r.min_ms,
+        r.runs,
+        100.0 * r.spread,
+        r.gflops,
+        if r.emulated {
+            "  [EMULATED: a correctness check, not a timing of the real instruction]"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "  compile {:.2} s; {} on {} thread(s), {}",
+        r.compile_time_s, r.fingerprint.model, r.threads, r.fingerprint.compiler
+    );
+}
+
+pub fn bench(r: &BenchReport) {
+    println!(
+        "gemm {}^3 on {} ({}), {}",
+        r.size, r.fingerprint.model, r.fingerprint.version, r.fingerprint.compiler
+    );
+    println!(
+        "timer: {:.0} ns per timed run ({:.2}% of a 10 us kernel)",
+        r.timer_overhead_ns,
+        r.timer_overhead_ns / 100.0
+    );
+    println!(
+        "compile: {:.0} ms per candidate in a batch of {} (one candidate alone: {:.0} ms)",
+        r.compile_ms_per_candidate_batched, r.batch_size, r.compile_ms_single_candidate
+    );
+    println!(
+        "measurement overhead: {:.2} ms per candidate (worker round trip, input setup, reference check)",
+        r.measure_overhead_ms_per_candidate
+    );
+}
+
+pub fn tune(r: &TuneReport, opts: &TuneOptions) {
+    let how = if r.estimates {
+        "[estimates, not measurements]".to_string()
+    } else if r.target == "gpu" {
+        format!("(measured, {})", r.compiler)
+    } else {
+        format!("({} thread(s))", opts.threads)
+    };
+    println!(
+        "{} on {} {how}, cost model: {}",
+        r.workload, r.machine, r.model
+    );
+    println!(
+        "{:>6} {:>7} {:>10} {:>9} {:>7}  workload / best mapping",
+        "weight", "trials", "best ms", "GFLOP/s", "% peak"
+    );
+    for t in &r.tasks {
+        println!(
+            "{:>6} {:>7} {:>10} {:>9} {:>7}  {}\n{:>44}{}",
+            t.weight,
+            t.trials,
+            opt(t.latency_ms, 4),
+            opt(t.gflops, 1),
+            opt(t.percent_of_peak, 1),
+            t.workload,
+            "",
+            t.mapping
+                .clone()
+                .unwrap_or_else(|| "no instruction (vectorized loops)".into())
+        );
+    }
+    match (r.latency_ms, r.gflops) {
+        (Some(l), Some(g)) => println!("best: {l:.4} ms, {g:.1} GFLOP/s"),
+        _ => println!("best: no task has a valid candidate yet"),
+    }
+    println!(
+        "{} trials ({} measured now, {} from the log, {} errors) in {:.1} s; search overhead {:.2} s ({:.1}%)",
+        r.trials,
+        r.measured_this_run,
+        r.resumed_from_log,
+        r.errors,
+        r.search_time_s,
+        r.search_overhead_s,
+        r.search_overhead_percent
+    );
+    if let Some(path) = &opts.log {
+        println!("records: {}", path.display());
+    }
+}
+
+pub fn best(best: &[TuningRecord], emit: Option<Emit>, json: bool) -> Result<()> {
+    if json && emit.is_none() {
+        println!("{}", serde_json::to_string(best)?);
+        return Ok(());
+    }
+    for r in best {
+        let (workload, target) = (&r.workload, &r.target);
+        match emit {
+            None => {
+                let m = r.result.as_ref().ok();
+                println!(
+                    "{workload} [{target}]: {:.4} ms, {:.1} GFLOP/s, {}",
+                    m.map_or(0.0, |m| m.timing.median_s * 1e3),
+                    m.map_or(0.0, |m| m.gflops),
+                    r.mapping.clone().unwrap_or_else(|| "no instruction".into())
+                )
+            }
+            // Plain JSON, so that `measure --trace` and `features --trace` read it back.
+            Some(Emit::Trace) => println!("{}", tessel::emit(r, Emit::Trace)?),
+            Some(Emit::C) => println!("/* {workload} [{target}] */\n{}", tessel::emit(r, Emit::C)?),
+            Some(Emit::Cuda) => {
+                println!("// {workload} [{target}]\n{}", tessel::emit(r, Emit::Cuda)?)
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn dataset(r: &DatasetReport, opts: &DatasetOptions) {
+    println!(
+        "{} tasks on {} ({}): {} schedules measured ({} errors), {} already in {}, {:.1} s",
+        r.tasks,
+        r.platform,
+        r.machine,
+        r.measured,
+        r.errors,
+        r.existing,
+        opts.out.display(),
+        r.seconds
+    );
+}
+
+fn comparison(label: &str, c: &Comparison) {
+    println!("{label}");
+    println!(
+        "  {:<8} {:>6} {:>6} {:>9} {:>8}",
+        "", "top-1", "top-5", "pairwise", "tau"
+    );
+    for (name, m) in [
+        ("model", &c.model),
+        ("ridge", &c.ridge),
+        ("random", &c.random),
+    ] {
+        println!(
+            "  {name:<8} {:>6.3} {:>6.3} {:>9.3} {:>8.3}",
+            m.top1, m.top5, m.pairwise_accuracy, m.kendall_tau
+        );
+    }
+}
+
+pub fn pretrain(r: &PretrainReport) {
+    println!(
+        "{} records of {} tasks; model of {} parameters",
+        r.records, r.tasks, r.parameters
+    );
+    if let Some(c) = &r.validation {
+        comparison(
+            &format!(
+                "validation ({} held-out tasks; best epoch {}):",
+                r.validation_tasks, r.training.best_epoch
+            ),
+            c,
+        );
+    }
+    println!("saved {} and {}", r.saved.0.display(), r.saved.1.display());
+}
+
+pub fn transfer(r: &TransferReport) {
+    println!(
+        "{} shots ({} mode); evaluated on {} records of {} tasks",
+        r.shots, r.mode, r.test_records, r.test_tasks
+    );
+    comparison("pretrained, before fine-tuning:", &r.before);
+    comparison("after fine-tuning:", &r.after);
+    comparison("trained from scratch on the same records:", &r.scratch);
+    println!("saved {} and {}", r.saved.0.display(), r.saved.1.display());
+}
+
+pub fn eval(r: &EvalReport) {
+    if let Some((dir, no_png)) = &r.plots {
+        match no_png {
+            None => println!("plots (SVG and PNG) in {}", dir.display()),
+            Some(why) => println!("plots (SVG) in {}; no PNG: {why}", dir.display()),
+        }
+    }
+    let model = tessel::model::Metrics {
+        top1: r.top1,
+        top5: r.top5,
+        pairwise_accuracy: r.pairwise_accuracy,
+        kendall_tau: r.kendall_tau,
+    };
+    comparison(
+        &format!(
+            "{} on {} records of {} tasks (ridge: fitted on half the tasks, tested on the other):",
+            r.model, r.records, r.tasks
+        ),
+        &Comparison {
+            model,
+            ridge: r.ridge,
+            random: r.random,
+        },
+    );
+}
+
+pub fn sim_check(r: &SimCheckReport) {
+    println!(
+        "{} (analytical model) ranking {} measured records of {} workloads ({} unscored)",
+        r.device, r.records, r.workloads, r.unscored
+    );
+    println!(
+        "{:>8} {:>7} {:>7} {:>9} {:>8}",
+        "", "top-1", "top-5", "pairwise", "tau"
+    );
+    for (name, m) in [("model", &r.model), ("random", &r.random)] {
+        println!(
+            "{name:>8} {:>7.3} {:>7.3} {:>9.3} {:>8.3}",
+            m.top1, m.top5, m.pairwise_accuracy, m.kendall_tau
+        );
+    }
+    println!(
+        "median estimate / measured latency: {:.2}",
+        r.median_estimate_over_measured
+    );
+}
