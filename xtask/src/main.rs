@@ -186,9 +186,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench {
             target: BenchTarget::Cpu { opts, json },
         } => {
-            let mut bar = Bar::lines(!json.json);
-            bar.line(tessel::BENCH_HEADER);
-            let report = tessel::bench_cpu(&opts, &mut bar)?;
+            let report = tessel::bench_cpu(&opts, &mut Bar::lines(!json.json))?;
             match json.json {
                 true => json_line(&report)?,
                 false => print::bench(&report),

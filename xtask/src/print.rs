@@ -34,10 +34,6 @@ pub fn measure(r: &MeasureReport) {
 
 pub fn bench(r: &BenchReport) {
     println!(
-        "gemm {}^3 on {} ({}), {}",
-        r.size, r.fingerprint.model, r.fingerprint.version, r.fingerprint.compiler
-    );
-    println!(
         "timer: {:.0} ns per timed run ({:.2}% of a 10 us kernel)",
         r.timer_overhead_ns,
         r.timer_overhead_ns / 100.0

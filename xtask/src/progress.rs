@@ -28,13 +28,6 @@ impl Bar {
             notes_to_stdout: true,
         }
     }
-
-    /// A line of the output (stdout, where shown).
-    pub fn line(&mut self, line: &str) {
-        if self.draw && self.notes_to_stdout {
-            println!("{line}");
-        }
-    }
 }
 
 impl tessel::Progress for Bar {
@@ -63,7 +56,9 @@ impl tessel::Progress for Bar {
 
     fn note(&mut self, line: &str) {
         if self.notes_to_stdout {
-            self.line(line);
+            if self.draw {
+                println!("{line}");
+            }
             return;
         }
         match &self.bar {

@@ -208,9 +208,14 @@ pub fn bench_cpu(o: &BenchOptions, progress: &mut dyn Progress) -> Result<BenchR
     };
     let fingerprint =
         tessel_cpu::fingerprint(threads.first().copied().unwrap_or(1), compiler.version());
+    progress.note(&format!(
+        "tessel CPU benchmark: gemm {size}^3 on {} ({}), {}",
+        fingerprint.model, fingerprint.version, fingerprint.compiler
+    ));
     if let Err(why) = &onednn_exe {
         progress.note(&format!("oneDNN: {why}"));
     }
+    progress.note(BENCH_HEADER);
     let mut rows = Vec::new();
     for &t in threads {
         let peaks = tessel_cpu::peak::measure_peaks(&compiler, &ids, t)?;
