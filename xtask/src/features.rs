@@ -48,6 +48,9 @@ pub struct FeaturesArgs {
 /// that measured it.
 pub fn run(a: &FeaturesArgs) -> Result<()> {
     let (workload, json) = (a.workload.as_deref(), a.json);
+    if a.threads == 0 {
+        bail!("--threads must be at least 1");
+    }
     let catalog = Catalog::default();
     let (spec, trace, target) = match (a.trace.as_deref(), a.log.as_deref()) {
         (Some(path), None) => {
@@ -123,6 +126,9 @@ fn buffer_name(program: &Program, f: &Features, i: usize) -> Option<String> {
 
 /// The fastest successful record, of `workload` where given.
 fn best_record(path: &Path, workload: Option<&str>) -> Result<TuningRecord> {
+    if !path.exists() {
+        bail!("{}: no such tuning log", path.display());
+    }
     let contents = tessel::read_log_noting(path, &mut crate::progress::Bar::new(false))?;
     let mut workloads: Vec<&str> = contents
         .records

@@ -66,7 +66,7 @@ pub fn workloads(a: &WorkloadsArgs) -> Result<()> {
             kind: t.workload.kind(),
             weight: t.weight,
             flops: t.workload.flops(),
-            total_flops: t.weight * t.workload.flops(),
+            total_flops: t.weight.saturating_mul(t.workload.flops()),
         })
         .collect();
     let report = NetworkReport {
@@ -74,7 +74,10 @@ pub fn workloads(a: &WorkloadsArgs) -> Result<()> {
         batch: a.batch,
         dtype: a.dtype.to_string(),
         layers: net.graph.node_count(),
-        total_flops: tasks.iter().map(|t| t.total_flops).sum(),
+        total_flops: tasks
+            .iter()
+            .map(|t| t.total_flops)
+            .fold(0, u64::saturating_add),
         tasks,
     };
     if a.json {

@@ -152,13 +152,53 @@ fn main() -> std::process::ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     // Print the error chain ourselves: a user needs the message, not a backtrace.
-    match run(Cli::parse()) {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // Usage errors quote the argument: show its control characters escaped.
+        Err(e) if e.use_stderr() => {
+            let text = e.render().to_string();
+            eprint!("{}", escape_controls(&text));
+            return std::process::ExitCode::from(2);
+        }
+        Err(e) => e.exit(),
+    };
+    match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", chain(e.as_ref()));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes on one line, each cause once: a message that already quotes its
+/// cause (`{path}: {source}`) is not followed by it again.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let part = c.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        cause = c.source();
+    }
+    escape_controls(&text)
+}
+
+/// Control characters from a file or an argument shown escaped, never raw (line breaks kept).
+fn escape_controls(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let esc: Vec<char> = if c.is_control() && c != '\n' {
+                c.escape_debug().collect()
+            } else {
+                vec![c]
+            };
+            esc
+        })
+        .collect()
 }
 
 /// Prints `report` as one JSON line.
@@ -198,6 +238,8 @@ fn run(cli: Cli) -> Result<()> {
                 true => json_line(&report)?,
                 false => print::tune(&report, &opts),
             }
+            // A run that found nothing is a failure, whatever it printed.
+            report.check_found()?;
         }
         Command::Best { log, emit, json } => {
             let best = tessel::best(&log, &mut Bar::new(false))?;
@@ -211,7 +253,7 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Merge { out, inputs } => {
-            let n = tessel::merge(&out, &inputs)?;
+            let n = tessel::merge(&out, &inputs, &mut Bar::new(false))?;
             println!(
                 "{n} records from {} files into {}",
                 inputs.len(),
@@ -233,7 +275,7 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Eval { opts, json } => {
-            let report = tessel::eval(&opts)?;
+            let report = tessel::eval(&opts, &mut Bar::new(false))?;
             match json.json {
                 true => json_line(&report)?,
                 false => print::eval(&report),

@@ -140,7 +140,7 @@ fn bad_input_is_a_clear_error() {
         ])
         .contains("m.safetensors")
     );
-    assert!(run(&["best", "--log", "/nonexistent/log.jsonl"]).contains("no successful record"));
+    assert!(run(&["best", "--log", "/nonexistent/log.jsonl"]).contains("no such tuning log"));
 }
 
 #[test]

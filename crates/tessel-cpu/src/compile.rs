@@ -166,17 +166,40 @@ impl Compiler {
             .cache_dir
             .join(format!("tsl-{key}.{}.stderr", std::process::id()));
         let err_file = std::fs::File::create(&err_path).map_err(io(&err_path))?;
-        let mut cmd = Command::new(&self.cc);
-        cmd.args(&flags)
+        // The compiler runs under a small shell in its own process group, so that a timeout
+        // kills cc1 and the assembler with the driver, and so that the whole group dies with
+        // the tuner: the shell gets SIGTERM when its parent dies (even by SIGKILL) and kills
+        // the group.
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg(r#"trap 'kill -KILL 0' TERM; "$0" "$@" & wait $!"#)
+            .arg(&self.cc)
+            .args(&flags)
             .arg(&c)
             .arg("-o")
             .arg(&tmp)
             .arg("-lm")
             .stdout(std::process::Stdio::null())
             .stderr(err_file);
-        // Its own process group, so a timeout kills cc1 and the assembler with the driver.
         #[cfg(unix)]
-        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        {
+            use std::os::unix::process::CommandExt;
+            cmd.process_group(0);
+            let parent = std::process::id() as libc::pid_t;
+            // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    #[cfg(target_os = "linux")]
+                    {
+                        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                        if libc::getppid() != parent {
+                            libc::_exit(1);
+                        }
+                    }
+                    Ok(())
+                });
+            }
+        }
         let mut child = cmd.spawn().map_err(|source| CompileError::Spawn {
             cc: self.cc.clone(),
             source,

@@ -31,6 +31,12 @@ pub enum SpecError {
     },
     #[error("unknown dtype `{value}` (expected bf16, f16, f32, i8, u8 or i32)")]
     UnknownDType { value: String },
+    #[error("{what} is too large: {size} (the limit is {limit})")]
+    TooLarge {
+        what: String,
+        size: String,
+        limit: String,
+    },
 }
 
 /// A [`ComputeOp`](crate::ComputeOp) whose parts do not fit together.
@@ -92,4 +98,11 @@ pub enum NetworkError {
     Unknown { name: String, known: String },
     #[error("batch size must be at least 1")]
     ZeroBatch,
+    #[error("layer `{layer}` of {network}: {source}")]
+    Layer {
+        network: String,
+        layer: String,
+        #[source]
+        source: Box<SpecError>,
+    },
 }

@@ -51,4 +51,6 @@ pub use network::{
 pub use op::{AffineExpr, ComputeOp, Epilogue, IterKind, IterVar, Operand, TensorDecl};
 pub use schedule::Schedule;
 pub use trace::{GpuAxis, IntrinsicResolver, LayoutTransform, Scope, Step, Trace};
-pub use workload::{Conv2d, ConvLayout, EpilogueSpec, Types, Workload};
+pub use workload::{
+    Conv2d, ConvLayout, EpilogueSpec, MAX_EXTENT, MAX_MACS, MAX_TENSOR_BYTES, Types, Workload,
+};

@@ -99,8 +99,8 @@ impl Network {
     pub fn macs(&self) -> u64 {
         self.tasks()
             .iter()
-            .map(|t| t.weight * t.workload.macs())
-            .sum()
+            .map(|t| t.weight.saturating_mul(t.workload.macs()))
+            .fold(0, u64::saturating_add)
     }
 }
 
@@ -139,6 +139,17 @@ pub fn network_with_types(name: &str, batch: u64, types: Types) -> Result<Networ
         }
     }
     debug_assert!(!petgraph::algo::is_cyclic_directed(&b.graph));
+    // A batch can make any layer too large to generate code for.
+    for layer in b.graph.node_weights() {
+        layer
+            .workload
+            .validate()
+            .map_err(|source| NetworkError::Layer {
+                network: name.to_string(),
+                layer: layer.name.clone(),
+                source: Box::new(source),
+            })?;
+    }
     Ok(Network {
         name: name.to_string(),
         batch,

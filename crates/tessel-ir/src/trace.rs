@@ -426,7 +426,10 @@ impl Trace {
     }
 
     pub fn from_bincode(bytes: &[u8]) -> Result<Self, TraceIoError> {
-        let (t, _) = bincode::serde::decode_from_slice(bytes, bincode::config::standard())?;
+        // A length prefix in the bytes must not make the decoder allocate without bound: a
+        // trace is small, so 16 MiB is far above any real one.
+        let config = bincode::config::standard().with_limit::<{ 16 << 20 }>();
+        let (t, _) = bincode::serde::decode_from_slice(bytes, config)?;
         Ok(t)
     }
 }

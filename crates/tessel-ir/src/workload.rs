@@ -87,14 +87,29 @@ impl Conv2d {
     /// Output height and width; `None` when the (dilated) kernel does not fit the padded input.
     pub fn output_hw(&self) -> Option<(u64, u64)> {
         let out = |x: u64, k: u64| {
-            let span = self.dilation * (k - 1) + 1;
-            (x + 2 * self.pad)
+            let span = self
+                .dilation
+                .checked_mul(k.checked_sub(1)?)?
+                .checked_add(1)?;
+            x.checked_add(self.pad.checked_mul(2)?)?
                 .checked_sub(span)
-                .map(|d| d / self.stride + 1)
+                .and_then(|d| d.checked_div(self.stride))
+                .map(|d| d + 1)
         };
         Some((out(self.h, self.r)?, out(self.w, self.s)?))
     }
 }
+
+/// The largest extent (or conv stride, pad, dilation) a workload may have.
+pub const MAX_EXTENT: u64 = 1 << 31;
+/// The largest tensor a workload may have (1 GiB: ResNet-50's largest activation at batch
+/// 256 in f32 is 0.8 GiB). Generated CPU kernels keep packed copies in static storage, which
+/// the x86-64 small code model limits to 2 GiB in all; a schedule that packs more than that
+/// fails to link and is recorded as a compile error, like any other failed candidate.
+pub const MAX_TENSOR_BYTES: u64 = 1 << 30;
+/// The most multiply-accumulates an operator may have (2^50: days on any machine; FLOP
+/// counts and their sums over a network stay far from overflowing).
+pub const MAX_MACS: u64 = 1 << 50;
 
 /// One tensor operator of a DNN, at concrete sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -173,7 +188,7 @@ impl Workload {
             types: Types::same(dtype),
             epilogue: EpilogueSpec::default(),
         };
-        w.check()?;
+        w.validate()?;
         Ok(w)
     }
 
@@ -249,6 +264,85 @@ impl Workload {
             | Workload::Dense { epilogue, .. }
             | Workload::Bmm { epilogue, .. }
             | Workload::Conv2d { epilogue, .. } => *epilogue,
+        }
+    }
+
+    /// Checks that the operator is possible and within tessel's limits: every extent and
+    /// conv parameter at most [`MAX_EXTENT`], every tensor at most [`MAX_TENSOR_BYTES`], at
+    /// most [`MAX_MACS`] multiply-accumulates. Parsing a spec checks this; workloads built in
+    /// code should be checked before use.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        let too_large =
+            |what: String, size: String, limit: String| SpecError::TooLarge { what, size, limit };
+        for (key, v) in self.parameters() {
+            if v > MAX_EXTENT {
+                return Err(too_large(
+                    format!("`{key}`"),
+                    v.to_string(),
+                    MAX_EXTENT.to_string(),
+                ));
+            }
+        }
+        self.check()?;
+        let op = self.to_op();
+        let tensors = op
+            .inputs
+            .iter()
+            .map(|o| &o.tensor)
+            .chain(op.epilogue.iter().filter_map(|e| match e {
+                crate::op::Epilogue::Bias(b) => Some(&b.tensor),
+                _ => None,
+            }))
+            .chain([&op.output.tensor]);
+        for t in tensors {
+            let bytes = t
+                .shape
+                .iter()
+                .try_fold(t.dtype.bytes() as u64, |a, &d| a.checked_mul(d));
+            if bytes.is_none_or(|b| b > MAX_TENSOR_BYTES) {
+                let shape: Vec<String> = t.shape.iter().map(u64::to_string).collect();
+                return Err(too_large(
+                    format!("tensor `{}` [{}] {}", t.name, shape.join(", "), t.dtype),
+                    bytes.map_or("more than 2^64 bytes".into(), |b| format!("{b} bytes")),
+                    format!("{MAX_TENSOR_BYTES} bytes"),
+                ));
+            }
+        }
+        let macs = op
+            .iter_vars
+            .iter()
+            .try_fold(1u64, |a, v| a.checked_mul(v.extent));
+        if macs.is_none_or(|m| m > MAX_MACS) {
+            return Err(too_large(
+                "the operator".into(),
+                macs.map_or("more than 2^64 multiply-accumulates".into(), |m| {
+                    format!("{m} multiply-accumulates")
+                }),
+                format!("{MAX_MACS}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every size-like parameter of the spec, by key.
+    fn parameters(&self) -> Vec<(&'static str, u64)> {
+        match *self {
+            Workload::Gemm { m, n, k, .. } | Workload::Dense { m, n, k, .. } => {
+                vec![("m", m), ("n", n), ("k", k)]
+            }
+            Workload::Bmm { b, m, n, k, .. } => vec![("b", b), ("m", m), ("n", n), ("k", k)],
+            Workload::Conv2d { conv: c, .. } => vec![
+                ("n", c.n),
+                ("h", c.h),
+                ("w", c.w),
+                ("c", c.c),
+                ("k", c.k),
+                ("r", c.r),
+                ("s", c.s),
+                ("stride", c.stride),
+                ("pad", c.pad),
+                ("dilation", c.dilation),
+            ],
         }
     }
 
@@ -488,9 +582,22 @@ impl FromStr for Workload {
     /// All kinds: `dtype` (required), optional `wdtype`, `epilogue` (`bias`, `relu`,
     /// `bias+relu`) and `out` (output dtype).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let s = s.trim();
         if s.is_empty() {
             return Err(SpecError::Empty);
+        }
+        // A spec prints back unchanged: no spaces, no control characters, no empty items.
+        if let Some((at, c)) = s
+            .char_indices()
+            .find(|(_, c)| c.is_whitespace() || c.is_control())
+        {
+            return Err(SpecError::BadValue {
+                key: "spec".into(),
+                value: s.escape_debug().to_string(),
+                reason: format!(
+                    "character {} at byte {at}: specs have no spaces or control characters",
+                    c.escape_debug()
+                ),
+            });
         }
         let (kind, rest) = s.split_once(':').unwrap_or((s, ""));
         let (sizes, optional_sizes): (&[&str], &[&str]) = match kind {
@@ -512,7 +619,12 @@ impl FromStr for Workload {
             other_keys.push("layout");
         }
         let mut kv: BTreeMap<&str, &str> = BTreeMap::new();
-        for item in rest.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        for item in rest.split(',').filter(|_| !rest.is_empty()) {
+            if item.is_empty() {
+                return Err(SpecError::NotKeyValue {
+                    item: "(an empty item: a doubled or trailing comma)".into(),
+                });
+            }
             let (k, v) = item.split_once('=').ok_or_else(|| SpecError::NotKeyValue {
                 item: item.to_string(),
             })?;
@@ -542,11 +654,16 @@ impl FromStr for Workload {
             let Some(v) = kv.get(key) else {
                 return default.ok_or_else(|| missing(key));
             };
-            let n: u64 = v.parse().map_err(|_| SpecError::BadValue {
-                key: key.to_string(),
-                value: v.to_string(),
-                reason: "not a non-negative integer".into(),
-            })?;
+            let digits = !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit());
+            let n: u64 = v
+                .parse()
+                .ok()
+                .filter(|_| digits)
+                .ok_or_else(|| SpecError::BadValue {
+                    key: key.to_string(),
+                    value: v.to_string(),
+                    reason: "not a non-negative integer".into(),
+                })?;
             if n < min {
                 return Err(if n == 0 {
                     SpecError::ZeroExtent {
@@ -652,7 +769,7 @@ impl FromStr for Workload {
                 }
             }
         };
-        w.check()?;
+        w.validate()?;
         Ok(w)
     }
 }

@@ -323,10 +323,19 @@ impl Model {
 
     /// `path` (safetensors weights) and `path` with extension `json` (the rest).
     pub fn paths(path: &Path) -> (PathBuf, PathBuf) {
-        (
-            path.with_extension("safetensors"),
-            path.with_extension("json"),
-        )
+        // `m/model`, `m/model.safetensors` and `m/model.json` name the same model; any other
+        // dot is part of the name (`tiny.v2` is `tiny.v2.safetensors`).
+        let base = match path.extension().and_then(|e| e.to_str()) {
+            Some("safetensors" | "json") => path.with_extension(""),
+            _ => path.to_path_buf(),
+        };
+        let with = |ext: &str| {
+            let mut name = base.as_os_str().to_owned();
+            name.push(".");
+            name.push(ext);
+            PathBuf::from(name)
+        };
+        (with("safetensors"), with("json"))
     }
 
     /// Writes the weights (safetensors) and the JSON description beside them.
@@ -357,6 +366,15 @@ impl Model {
     /// architecture the JSON describes.
     pub fn load(path: &Path) -> Result<Model, ModelError> {
         let (weights, json) = Model::paths(path);
+        // A device or a pipe would be read without end.
+        for p in [&json, &weights] {
+            if p.exists() && !p.is_file() {
+                return Err(ModelError::Format {
+                    path: p.clone(),
+                    reason: "not a regular file".into(),
+                });
+            }
+        }
         let text = std::fs::read_to_string(&json).map_err(|source| ModelError::Io {
             path: json.clone(),
             source,
@@ -377,6 +395,17 @@ impl Model {
                 info.normalizer.mean.len()
             )));
         }
+        let stats = info
+            .normalizer
+            .mean
+            .iter()
+            .chain(&info.normalizer.std)
+            .all(|v| v.is_finite());
+        if !stats || info.normalizer.std.iter().any(|&s| s <= 0.0) {
+            return Err(format(
+                "normalizer holds a non-finite mean or std, or a std that is not positive".into(),
+            ));
+        }
         let bytes = std::fs::read(&weights).map_err(|source| ModelError::Io {
             path: weights.clone(),
             source,
@@ -388,6 +417,20 @@ impl Model {
             }
         })?;
         let mut model = Model::new(info.config.clone(), 0)?;
+        if let Some(extra) = tensors
+            .keys()
+            .find(|k| !model.params.names.iter().any(|n| n == *k))
+        {
+            return Err(ModelError::Format {
+                path: weights.clone(),
+                reason: format!(
+                    "tensor `{extra}` is not part of the architecture in {} ({} layers, d_model {})",
+                    json.display(),
+                    info.config.layers,
+                    info.config.d_model
+                ),
+            });
+        }
         for (name, var) in model.params.names.iter().zip(&model.params.vars) {
             let t = tensors.get(name).ok_or_else(|| ModelError::Format {
                 path: weights.clone(),

@@ -415,3 +415,38 @@ fn transfer_to_a_shifted_platform_beats_training_from_scratch_on_few_records() {
         "transfer {t:?} scratch {s:?}"
     );
 }
+
+/// Model files as a user may hand them over: arbitrary JSON and safetensors bytes are an
+/// error naming the file, never a panic.
+#[test]
+fn arbitrary_model_files_are_errors_not_panics() {
+    use proptest::prelude::*;
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("model-fuzz");
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = Model::new(small_config(), 1).unwrap();
+    model.save(&dir.join("good")).unwrap();
+    let json = std::fs::read(dir.join("good.json")).unwrap();
+    let weights = std::fs::read(dir.join("good.safetensors")).unwrap();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(200));
+    runner
+        .run(
+            &(any::<bool>(), any::<usize>(), any::<u8>(), any::<bool>()),
+            |(which, at, byte, cut)| {
+                let (mut j, mut w) = (json.clone(), weights.clone());
+                let target = if which { &mut j } else { &mut w };
+                let at = at % target.len();
+                if cut {
+                    target.truncate(at);
+                } else {
+                    target[at] = byte;
+                }
+                std::fs::write(dir.join("bad.json"), &j).unwrap();
+                std::fs::write(dir.join("bad.safetensors"), &w).unwrap();
+                if let Err(e) = Model::load(&dir.join("bad")) {
+                    prop_assert!(e.to_string().contains("bad."), "{e}");
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+}

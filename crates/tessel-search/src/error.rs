@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SearchError {
-    #[error("tuning log {path}: {source}")]
+    #[error("records file {path}: {source}")]
     Log {
         path: PathBuf,
         #[source]

@@ -78,6 +78,37 @@ impl TuningRecord {
             })
     }
 
+    /// Checks what a record claims against itself: a workload spec that parses within
+    /// tessel's limits, a time, and a measurement whose latencies are positive and whose
+    /// GFLOP/s are the workload's FLOPs over the median (a hand-edited or foreign record is
+    /// refused, not learned from).
+    pub fn validate(&self) -> Result<(), String> {
+        let w = self.parse_workload().map_err(|e| e.to_string())?;
+        if !(self.time.is_finite() && self.time >= 0.0) {
+            return Err(format!("time {} is not a time", self.time));
+        }
+        if let Ok(m) = &self.result {
+            let t = &m.timing;
+            let positive = |x: f64| x.is_finite() && x > 0.0;
+            if !(positive(t.median_s) && positive(t.min_s) && t.min_s <= t.median_s * 1.000_001) {
+                return Err(format!(
+                    "latencies min {} s, median {} s are not positive with min <= median",
+                    t.min_s, t.median_s
+                ));
+            }
+            let expected = w.flops() as f64 / t.median_s / 1e9;
+            if !(m.gflops.is_finite() && (m.gflops - expected).abs() <= 0.01 * expected) {
+                return Err(format!(
+                    "{} GFLOP/s does not match {} FLOPs in {} s ({expected:.3} GFLOP/s)",
+                    m.gflops,
+                    w.flops(),
+                    t.median_s
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Median latency in seconds, if the candidate ran.
     pub fn latency(&self) -> Option<f64> {
         self.result.as_ref().ok().map(|m| m.timing.median_s)
@@ -108,6 +139,8 @@ impl RecordKey {
 pub struct CorruptLine {
     pub line: usize,
     pub reason: String,
+    /// The file's last line: most likely torn by a writer that was killed or ran out of disk.
+    pub last: bool,
 }
 
 /// Everything a log holds.
@@ -158,12 +191,20 @@ pub fn read_log(path: &Path) -> Result<LogContents, SearchError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(LogContents::default()),
         Err(e) => return Err(io(e)),
     };
+    // A device or a pipe (`/dev/full`, `/dev/zero`) would be read without end.
+    if !file.metadata().map_err(io)?.is_file() {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )));
+    }
     let reader: Box<dyn std::io::Read> = if path.extension().is_some_and(|e| e == "gz") {
         Box::new(flate2::read::GzDecoder::new(file))
     } else {
         Box::new(file)
     };
     let mut out = LogContents::default();
+    let mut last_line = 0;
     for (i, line) in BufReader::new(reader).split(b'\n').enumerate() {
         let line = line.map_err(io)?;
         if line.iter().all(u8::is_ascii_whitespace) {
@@ -171,14 +212,20 @@ pub fn read_log(path: &Path) -> Result<LogContents, SearchError> {
         }
         let parsed = std::str::from_utf8(&line)
             .map_err(|e| e.to_string())
-            .and_then(|s| serde_json::from_str::<TuningRecord>(s).map_err(|e| e.to_string()));
+            .and_then(|s| serde_json::from_str::<TuningRecord>(s).map_err(|e| e.to_string()))
+            .and_then(|r| r.validate().map(|()| r));
         match parsed {
             Ok(r) => out.records.push(r),
             Err(reason) => out.corrupt.push(CorruptLine {
                 line: i + 1,
                 reason,
+                last: false,
             }),
         }
+        last_line = i + 1;
+    }
+    if let Some(c) = out.corrupt.last_mut() {
+        c.last = c.line == last_line;
     }
     Ok(out)
 }
@@ -207,6 +254,12 @@ impl RecordLog {
             && !dir.as_os_str().is_empty()
         {
             std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        if path.exists() && !path.is_file() {
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file",
+            )));
         }
         let mut file = OpenOptions::new()
             .create(true)

@@ -157,6 +157,8 @@ pub struct Stats {
     pub corrupt_lines: usize,
     /// Samples rejected before compilation (capacity checks, invalid schedules).
     pub rejected: usize,
+    /// Log records of a task whose trace does not replay on it (not counted as trials).
+    pub resume_rejected: usize,
     /// Wall time inside the measurer (code generation, compilation, measurement).
     pub measure_time_s: f64,
     /// Wall time of the whole run.
@@ -224,9 +226,15 @@ impl<'a> Tuner<'a> {
                 continue;
             }
             let spec = r.workload.as_str();
-            if let Some(t) = tasks.iter_mut().find(|t| t.workload.to_string() == spec)
-                && !t.measured.contains(&r.trace.to_json())
-            {
+            let Some(t) = tasks.iter_mut().find(|t| t.workload.to_string() == spec) else {
+                continue;
+            };
+            // A trace that does not replay on the task is not a trial of it.
+            if r.trace.lower(t.space.op(), t.space.catalog()).is_err() {
+                self.stats.resume_rejected += 1;
+                continue;
+            }
+            if !t.measured.contains(&r.trace.to_json()) {
                 t.record(&r.trace, r.mapping.clone(), None, &r.result);
                 self.stats.resumed += 1;
             }

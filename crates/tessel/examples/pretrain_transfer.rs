@@ -57,6 +57,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         mode: "all".into(),
         epochs,
         seed: 1,
+        force: false,
     };
     let moved = tessel::transfer(&transfer, &mut notes)?;
     println!(

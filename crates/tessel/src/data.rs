@@ -11,25 +11,36 @@ use tessel_model::{Dataset, Sample};
 use tessel_search::{TuningRecord, read_log};
 
 use crate::error::{Context, Result, bail};
+use crate::progress::Progress;
 
-/// Every record of a dataset file; a missing file or a corrupt line is an error naming it.
-pub fn strict_read(path: &Path) -> Result<Vec<TuningRecord>> {
+/// Every record of a dataset file. A missing file, or a corrupt line inside it, is an error
+/// naming the file and line and saying how to repair it; a corrupt *last* line (a writer
+/// killed mid-line, or a full disk) is skipped with a note, as the tuner's readers do.
+pub fn strict_read(path: &Path, progress: &mut dyn Progress) -> Result<Vec<TuningRecord>> {
     if !path.exists() {
         bail!("{}: no such dataset file", path.display());
     }
     let contents = read_log(path)?;
-    if let Some(c) = contents.corrupt.first() {
-        bail!(
-            "{}:{}: corrupt record ({}){}",
-            path.display(),
+    let name = path.display();
+    match contents.corrupt.as_slice() {
+        [] => {}
+        [c] if c.last => progress.note(&format!(
+            "warning: {name}:{}: skipped a torn last record ({}); to repair, keep the lines before it: head -n {} {name} > fixed.jsonl",
             c.line,
             c.reason,
-            if contents.corrupt.len() > 1 {
-                format!(" and {} more", contents.corrupt.len() - 1)
-            } else {
+            c.line - 1
+        )),
+        [c, rest @ ..] => bail!(
+            "{name}:{}: corrupt record ({}){}; remove or restore the line (sed -i '{}d' {name}) and rerun",
+            c.line,
+            c.reason,
+            if rest.is_empty() {
                 String::new()
-            }
-        );
+            } else {
+                format!(" and {} more", rest.len())
+            },
+            c.line
+        ),
     }
     Ok(contents.records)
 }
@@ -63,18 +74,25 @@ pub fn network_filter(names: &[String]) -> Result<Option<HashSet<String>>> {
 /// Records -> samples: successful, non-emulated records (of the `only` workloads, where
 /// given), lowered and featurised on the machine that measured them. A task is a workload on
 /// one target and machine.
-pub fn load(files: &[PathBuf], only: Option<&HashSet<String>>) -> Result<Dataset> {
+pub fn load(
+    files: &[PathBuf],
+    only: Option<&HashSet<String>>,
+    progress: &mut dyn Progress,
+) -> Result<Dataset> {
     let catalog = Catalog::default();
     let mut tasks: BTreeMap<String, usize> = BTreeMap::new();
     let mut samples = Vec::new();
     let mut targets: BTreeMap<String, Target> = BTreeMap::new();
+    let (mut records, mut filtered) = (0usize, 0usize);
     for path in files {
-        for (i, r) in strict_read(path)?.into_iter().enumerate() {
+        for (i, r) in strict_read(path, progress)?.into_iter().enumerate() {
+            records += 1;
             let Ok(m) = &r.result else { continue };
             if m.emulated || m.timing.median_s <= 0.0 {
                 continue;
             }
             if only.is_some_and(|o| !o.contains(&r.workload)) {
+                filtered += 1;
                 continue;
             }
             let at = || format!("{} record {}", path.display(), i + 1);
@@ -97,8 +115,17 @@ pub fn load(files: &[PathBuf], only: Option<&HashSet<String>>) -> Result<Dataset
             });
         }
     }
+    if samples.is_empty() && filtered > 0 {
+        bail!(
+            "the network filter removed every record of {} ({filtered} successful records of other workloads)",
+            display(files)
+        );
+    }
     if samples.is_empty() {
-        bail!("no successful measurement in {}", display(files));
+        bail!(
+            "no successful measurement in {} ({records} records)",
+            display(files)
+        );
     }
     let mut keys: Vec<(String, f64)> = vec![(String::new(), 1.0); tasks.len()];
     for (k, i) in tasks {

@@ -227,6 +227,12 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
     if o.per_task == 0 {
         bail!("per-task must be at least 1");
     }
+    if o.max_tasks == Some(0) {
+        bail!("max-tasks 0 leaves nothing to measure");
+    }
+    if let Some(w) = &o.workload {
+        w.validate().with_context(|| format!("workload `{w}`"))?;
+    }
     let DatasetTarget {
         set,
         types,
@@ -315,14 +321,14 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
 
 /// Joins dataset shards into the new file `out`, each candidate once; returns the number of
 /// records written.
-pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<usize> {
+pub fn merge(out: &Path, inputs: &[PathBuf], progress: &mut dyn Progress) -> Result<usize> {
     if inputs.is_empty() {
         bail!("give the shard files to merge");
     }
     let mut seen = HashSet::new();
     let mut all = Vec::new();
     for path in inputs {
-        for r in strict_read(path)? {
+        for r in strict_read(path, progress)? {
             if seen.insert(r.key()) {
                 all.push(r);
             }
@@ -330,6 +336,12 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<usize> {
     }
     if out.exists() {
         bail!("{} exists; merge writes a new file", out.display());
+    }
+    if out.extension().is_some_and(|e| e == "gz") {
+        bail!(
+            "{}: merge writes plain JSON Lines; compress the result afterwards (gzip)",
+            out.display()
+        );
     }
     let mut log = RecordLog::open(out)?;
     log.append(&all)?;

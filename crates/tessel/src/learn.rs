@@ -56,6 +56,9 @@ pub struct PretrainOptions {
     /// Attention layers.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 2))]
     pub layers: usize,
+    /// Overwrite the model files at `out` if they exist.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub force: bool,
 }
 
 impl PretrainOptions {
@@ -73,6 +76,7 @@ impl PretrainOptions {
             d_model: 48,
             heads: 3,
             layers: 2,
+            force: false,
         }
     }
 }
@@ -98,7 +102,15 @@ pub struct PretrainReport {
 
 /// Trains a model on measured records and saves it.
 pub fn pretrain(o: &PretrainOptions, progress: &mut dyn Progress) -> Result<PretrainReport> {
-    let data = load(&o.data, network_filter(&o.networks)?.as_ref())?;
+    check_training(o.epochs, o.lr)?;
+    if !(0.0..1.0).contains(&o.val_fraction) {
+        bail!(
+            "val-fraction {} is not a share in [0, 1): some tasks must be left to train on",
+            o.val_fraction
+        );
+    }
+    refuse_overwrite(&o.out, o.force)?;
+    let data = load(&o.data, network_filter(&o.networks)?.as_ref(), progress)?;
     let mut config = ModelConfig::new(WIDTH);
     config.d_model = o.d_model;
     config.heads = o.heads;
@@ -192,6 +204,9 @@ pub struct TransferOptions {
     /// Seed of the split, the shots and the batches.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 1))]
     pub seed: u64,
+    /// Overwrite the model files at `out` if they exist.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub force: bool,
 }
 
 /// What `transfer` measured on the tasks it did not fine-tune on.
@@ -223,11 +238,24 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
         "head" => Trainable::HeadAndEmbedding,
         other => bail!("mode `{other}`: expected all or head"),
     };
+    check_training(o.epochs.max(1), 1e-3)?;
+    refuse_overwrite(&o.out, o.force)?;
     let mut model =
         Model::load(&o.model).with_context(|| format!("model {}", o.model.display()))?;
-    model.check_schema(tessel_features::SCHEMA_VERSION)?;
-    let data = load(&o.data, network_filter(&o.networks)?.as_ref())?;
+    model
+        .check_schema(tessel_features::SCHEMA_VERSION)
+        .with_context(|| format!("model {}", o.model.display()))?;
+    let data = load(&o.data, network_filter(&o.networks)?.as_ref(), progress)?;
     let (shots, test) = few_shot_split(&data, o.shots, o.seed)?;
+    if shots.samples.len() < o.shots {
+        bail!(
+            "shots {}: the fine-tuning half of the tasks holds only {} records ({} in all, {} tasks)",
+            o.shots,
+            shots.samples.len(),
+            data.samples.len(),
+            data.tasks.len()
+        );
+    }
     let pre = TrainOptions {
         epochs: o.epochs,
         val_fraction: 0.0,
@@ -269,6 +297,31 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
         scratch,
         saved: Model::paths(&o.out),
     })
+}
+
+/// Training settings that cannot train: no epochs, a rate that is not a positive number.
+fn check_training(epochs: usize, lr: f64) -> Result<()> {
+    if epochs == 0 {
+        bail!("epochs must be at least 1");
+    }
+    if !(lr.is_finite() && lr > 0.0 && lr < 1.0) {
+        bail!("lr {lr} is not a learning rate in (0, 1)");
+    }
+    Ok(())
+}
+
+/// Model files are never overwritten unless asked.
+fn refuse_overwrite(out: &Path, force: bool) -> Result<()> {
+    let (weights, json) = Model::paths(out);
+    for p in [&weights, &json] {
+        if p.exists() && !force {
+            bail!(
+                "{} exists; choose another --out or pass --force to overwrite it",
+                p.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// K records for fine-tuning, drawn from half of the tasks (seeded); the other tasks test.
@@ -347,7 +400,7 @@ pub struct EvalReport {
 
 /// The model's ranking of every task of the data, beside ridge (fitted on the other half of
 /// the tasks, both ways, so it never sees the tasks it ranks) and random scores.
-pub fn eval(o: &EvalOptions) -> Result<EvalReport> {
+pub fn eval(o: &EvalOptions, progress: &mut dyn Progress) -> Result<EvalReport> {
     let model_path = match &o.model {
         Some(p) => p.clone(),
         None => fixtures_dir().join("models/cpu.safetensors"),
@@ -366,8 +419,10 @@ pub fn eval(o: &EvalOptions) -> Result<EvalReport> {
     };
     let mut model =
         Model::load(&model_path).with_context(|| format!("model {}", model_path.display()))?;
-    model.check_schema(tessel_features::SCHEMA_VERSION)?;
-    let data = load(&data_files, network_filter(&networks)?.as_ref())?;
+    model
+        .check_schema(tessel_features::SCHEMA_VERSION)
+        .with_context(|| format!("model {}", model_path.display()))?;
+    let data = load(&data_files, network_filter(&networks)?.as_ref(), progress)?;
     let ranked = rank(&mut model, &data);
     let (a, b) = split_tasks(data.tasks.len(), 0.5, o.seed);
     let ridge_ranked: Vec<Ranked> = if a.is_empty() || b.is_empty() {

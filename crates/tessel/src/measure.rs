@@ -64,6 +64,9 @@ pub struct MeasureReport {
 
 /// The schedule the options name: a trace file, an instruction's reference GEMM, or none.
 pub fn schedule_of(o: &MeasureOptions) -> Result<Trace> {
+    o.workload
+        .validate()
+        .with_context(|| format!("workload `{}`", o.workload))?;
     Ok(match (&o.intrinsic, &o.trace) {
         (_, Some(path)) => {
             let text = std::fs::read_to_string(path)

@@ -36,7 +36,22 @@ pub struct SimCheckReport {
 /// estimate, higher score) and judges the ranking against the measured latencies.
 pub fn sim_check(data: &Path, device: &str, progress: &mut dyn Progress) -> Result<SimCheckReport> {
     let dev = tessel_gpu::device(device)?;
+    if !data.exists() {
+        bail!("{}: no such records file", data.display());
+    }
     let contents = read_log_noting(data, progress)?;
+    if let Some(r) = contents
+        .records
+        .iter()
+        .find(|r| !matches!(r.fingerprint.kind.as_str(), "gpu" | "sim"))
+    {
+        bail!(
+            "{}: records of a {} machine ({}); sim-check compares the GPU model with GPU measurements",
+            data.display(),
+            r.fingerprint.kind,
+            r.fingerprint.model
+        );
+    }
     if contents.records.iter().any(|r| r.fingerprint.kind == "sim") {
         progress.note(&format!(
             "note: {} holds analytical-model records: this compares two models, not model and GPU",

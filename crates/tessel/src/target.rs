@@ -30,21 +30,21 @@ pub enum TargetSpec {
 impl FromStr for TargetSpec {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s {
+        // Case does not matter (`CPU`, `sim:A100`); the label records carry is lower case.
+        let lower = s.to_ascii_lowercase();
+        match lower.as_str() {
             "cpu" => Ok(TargetSpec::Cpu),
             "gpu" | "cuda" => Ok(TargetSpec::Gpu),
-            _ => match s.strip_prefix("sim:") {
-                Some(name) => {
-                    tessel_gpu::device(name)?;
-                    Ok(TargetSpec::Sim(name.to_string()))
-                }
+            _ => match lower.strip_prefix("sim:") {
+                Some(name) => Ok(TargetSpec::Sim(tessel_gpu::device(name)?.key.to_string())),
                 None => {
                     let known: Vec<String> = tessel_gpu::devices()
                         .iter()
                         .map(|d| format!("sim:{}", d.key))
                         .collect();
                     bail!(
-                        "unknown target `{s}`: use cpu, gpu or one of {}",
+                        "unknown target `{}`: use cpu, gpu or one of {}",
+                        s.escape_debug(),
                         known.join(", ")
                     )
                 }

@@ -174,6 +174,22 @@ pub struct TuneReport {
     pub tasks: Vec<TaskReport>,
 }
 
+impl TuneReport {
+    /// An error naming the first task without a valid candidate (every one it measured
+    /// failed, or none could be generated); `Ok` when every task has a best.
+    pub fn check_found(&self) -> Result<()> {
+        match self.tasks.iter().find(|t| t.latency_ms.is_none()) {
+            Some(t) => bail!(
+                "no valid candidate for {} in {} trials ({} errors in this run); the log holds each error",
+                t.workload,
+                t.trials,
+                self.errors
+            ),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Tunes; appends every measured candidate to `opts.log` before learning from it.
 pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneReport> {
     // Load the model before anything slow, so a bad file fails at once.
@@ -189,8 +205,9 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
             Some((path.display().to_string(), model))
         }
     };
-    if opts.trials == 0 {
-        bail!("trials must be at least 1");
+    check_search_options(opts)?;
+    if let Some(w) = &opts.workload {
+        w.validate().with_context(|| format!("workload `{w}`"))?;
     }
     let mut target = Target::open(
         &opts.target,
@@ -339,6 +356,26 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
     })
 }
 
+/// Refuses search settings that cannot work, naming the option and the range.
+fn check_search_options(o: &TuneOptions) -> Result<()> {
+    if o.trials == 0 {
+        bail!("trials must be at least 1");
+    }
+    if o.population == 0 {
+        bail!("population must be at least 1");
+    }
+    if o.measure_batch == 0 {
+        bail!("measure-batch must be at least 1");
+    }
+    if !(0.0..=1.0).contains(&o.epsilon) {
+        bail!("epsilon {} is not a share between 0 and 1", o.epsilon);
+    }
+    if o.threads == 0 {
+        bail!("threads must be at least 1");
+    }
+    Ok(())
+}
+
 /// Where the shipped data lives: `fixtures/` of this checkout.
 pub fn fixtures_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
@@ -409,6 +446,9 @@ impl FromStr for Emit {
 
 /// The fastest successful record per (workload, target) of a log.
 pub fn best(log: &Path, progress: &mut dyn Progress) -> Result<Vec<TuningRecord>> {
+    if !log.exists() {
+        bail!("{}: no such tuning log", log.display());
+    }
     let contents = read_log_noting(log, progress)?;
     let best: Vec<TuningRecord> = contents.best().into_values().cloned().collect();
     if best.is_empty() {

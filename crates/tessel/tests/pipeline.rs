@@ -55,10 +55,15 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
     .unwrap();
     assert_eq!((again.measured, again.existing), (0, 12));
     let all = dir.join("all.jsonl");
-    let merged = tessel::merge(&all, &[dir.join("a.jsonl"), dir.join("b.jsonl")]).unwrap();
+    let merged = tessel::merge(
+        &all,
+        &[dir.join("a.jsonl"), dir.join("b.jsonl")],
+        &mut NoProgress,
+    )
+    .unwrap();
     assert_eq!(merged, 24);
     // merge writes a new file, never over an old one.
-    assert!(tessel::merge(&all, &[dir.join("a.jsonl")]).is_err());
+    assert!(tessel::merge(&all, &[dir.join("a.jsonl")], &mut NoProgress).is_err());
 
     let pretrain = PretrainOptions {
         epochs: 2,
@@ -77,12 +82,15 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
     assert!(notes.0.iter().any(|n| n.starts_with("epoch")), "{notes:?}");
     assert!(trained.saved.0.exists() && trained.saved.1.exists());
 
-    let eval = tessel::eval(&EvalOptions {
-        model: Some(dir.join("m/model")),
-        data: vec![all.clone()],
-        plot: Some(dir.join("plots")),
-        ..EvalOptions::default()
-    })
+    let eval = tessel::eval(
+        &EvalOptions {
+            model: Some(dir.join("m/model")),
+            data: vec![all.clone()],
+            plot: Some(dir.join("plots")),
+            ..EvalOptions::default()
+        },
+        &mut NoProgress,
+    )
     .unwrap();
     assert_eq!((eval.tasks, eval.records), (2, trained.records));
     for v in [
@@ -107,6 +115,7 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
             mode: "all".into(),
             epochs: 1,
             seed: 1,
+            force: false,
         },
         &mut NoProgress,
     )
@@ -196,4 +205,55 @@ fn gpu_model_targets_tune_without_a_gpu() {
     // Estimates of an A100 land below its 312 TFLOPS fp16 peak.
     let pct = report.percent_of_peak.unwrap();
     assert!(pct > 0.0 && pct <= 100.0, "{pct}");
+}
+
+#[test]
+fn log_records_whose_trace_does_not_replay_are_not_trials() {
+    let dir = fresh_dir("lib-resume-bad-trace");
+    let log = dir.join("tune.jsonl");
+    let w: tessel::Workload = "gemm:m=16,n=16,k=16,dtype=f32".parse().unwrap();
+    // A record of this workload on this machine whose trace names a loop it does not have.
+    let mut trace = tessel::Trace::new();
+    trace.split("nope", &[4]);
+    let fp = tessel::cpu_measurer(&tessel::TargetOptions {
+        worker_exe: worker(),
+        ..Default::default()
+    })
+    .unwrap();
+    let fingerprint = tessel::measurement::Measurer::fingerprint(&fp).clone();
+    let timing = tessel::measurement::Timing {
+        min_s: 1e-6,
+        median_s: 1e-6,
+        spread: 0.0,
+        runs: 3,
+    };
+    let forged = tessel::TuningRecord::new(
+        &w,
+        "cpu",
+        fingerprint,
+        trace,
+        None,
+        Ok(tessel::measurement::Measurement {
+            timing,
+            compile_time_s: 0.0,
+            max_error: 0.0,
+            emulated: false,
+            gflops: w.flops() as f64 / 1e-6 / 1e9,
+        }),
+    );
+    tessel::search::RecordLog::open(&log)
+        .unwrap()
+        .append(&[forged])
+        .unwrap();
+    let opts = TuneOptions {
+        trials: 2,
+        measure_batch: 2,
+        population: 8,
+        model: ModelChoice::Random,
+        log: Some(log),
+        worker_exe: worker(),
+        ..TuneOptions::workload(w)
+    };
+    let report = tessel::tune(&opts, &mut NoProgress).unwrap();
+    assert_eq!((report.resumed_from_log, report.measured_this_run), (0, 2));
 }

@@ -177,6 +177,11 @@ impl Space {
         }
     }
 
+    /// The instruction catalog traces of this space resolve against.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
     pub fn op(&self) -> &ComputeOp {
         &self.op
     }

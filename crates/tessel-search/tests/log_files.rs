@@ -1,0 +1,105 @@
+//! Log and dataset files as a file system gives them: arbitrary bytes, torn and edited lines.
+//! Reading never panics or fails the whole file; every bad line is reported with its number.
+
+use proptest::prelude::*;
+use tessel_ir::{Trace, Workload};
+use tessel_measure::{HardwareFingerprint, Measurement, Timing};
+use tessel_search::{TuningRecord, read_log};
+
+fn record() -> TuningRecord {
+    let w: Workload = "gemm:m=16,n=16,k=16,dtype=f32".parse().unwrap();
+    let timing = Timing {
+        min_s: 1e-6,
+        median_s: 2e-6,
+        spread: 0.01,
+        runs: 5,
+    };
+    let m = Measurement {
+        timing,
+        compile_time_s: 0.1,
+        max_error: 0.0,
+        emulated: false,
+        gflops: w.flops() as f64 / timing.median_s / 1e9,
+    };
+    TuningRecord::new(
+        &w,
+        "cpu",
+        HardwareFingerprint::default(),
+        Trace::new(),
+        None,
+        Ok(m),
+    )
+}
+
+fn write(name: &str, bytes: &[u8]) -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("log-files");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}-{}.jsonl", std::process::id()));
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+#[test]
+fn a_valid_record_reads_back() {
+    let r = record();
+    let line = serde_json::to_string(&r).unwrap();
+    let path = write("valid", format!("{line}\n").as_bytes());
+    let c = read_log(&path).unwrap();
+    assert_eq!((c.records.len(), c.corrupt.len()), (1, 0));
+    assert_eq!(c.records[0], r);
+}
+
+#[test]
+fn records_that_contradict_themselves_are_corrupt_lines() {
+    let good = serde_json::to_string(&record()).unwrap();
+    let forged = [
+        good.replace("gemm:m=16", "gemm:m=0"),
+        good.replace("\"median_s\":2e-6", "\"median_s\":-1.0"),
+        good.replacen("\"gflops\":", "\"gflops\":1e30,\"_\":", 1),
+    ];
+    for (i, f) in forged.iter().enumerate() {
+        assert_ne!(f, &good, "forgery {i} changed nothing");
+        let path = write(&format!("forged{i}"), format!("{good}\n{f}\n").as_bytes());
+        let c = read_log(&path).unwrap();
+        assert_eq!(c.records.len(), 1, "forgery {i}");
+        assert_eq!(c.corrupt[0].line, 2);
+        assert!(c.corrupt[0].last);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn arbitrary_bytes_read_as_records_or_numbered_corrupt_lines(
+        bytes in prop::collection::vec(any::<u8>(), 0..2048)
+    ) {
+        let path = write("bytes", &bytes);
+        let c = read_log(&path).unwrap();
+        let lines = bytes.split(|&b| b == b'\n').count();
+        for bad in &c.corrupt {
+            prop_assert!(bad.line >= 1 && bad.line <= lines);
+        }
+    }
+
+    #[test]
+    fn an_edited_record_is_either_valid_or_a_numbered_corrupt_line(
+        at in 0usize..400, byte in any::<u8>(), cut in any::<bool>()
+    ) {
+        let line = serde_json::to_string(&record()).unwrap();
+        let mut b = line.into_bytes();
+        let at = at % b.len();
+        // One line stays one line (a newline would make two, each read on its own).
+        let byte = if byte == b'\n' { b'x' } else { byte };
+        if cut { b.truncate(at) } else { b[at] = byte }
+        b.push(b'\n');
+        let path = write("edited", &b);
+        let c = read_log(&path).unwrap();
+        // A blank line is no line; anything else is one record or one corrupt line.
+        let blank = b.iter().all(u8::is_ascii_whitespace);
+        prop_assert_eq!(c.records.len() + c.corrupt.len(), usize::from(!blank));
+        for r in &c.records {
+            prop_assert!(r.validate().is_ok());
+        }
+    }
+}
