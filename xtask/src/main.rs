@@ -27,6 +27,19 @@ struct Json {
     json: bool,
 }
 
+impl Json {
+    /// The report as one JSON line, or as `table` prints it.
+    fn show<R: serde::Serialize>(&self, report: &R, table: impl FnOnce(&R)) -> Result<()> {
+        match self.json {
+            true => json_line(report),
+            false => {
+                table(report);
+                Ok(())
+            }
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// The tasks of a network (distinct workloads, weights, FLOPs, spec strings); without
@@ -227,17 +240,11 @@ fn run(cli: Cli) -> Result<()> {
             target: BenchTarget::Cpu { opts, json },
         } => {
             let report = tessel::bench_cpu(&opts, &mut Bar::lines(!json.json))?;
-            match json.json {
-                true => json_line(&report)?,
-                false => print::bench(&report),
-            }
+            json.show(&report, print::bench)?;
         }
         Command::Tune { opts, json } => {
             let report = tessel::tune(&opts, &mut Bar::new(!json.json))?;
-            match json.json {
-                true => json_line(&report)?,
-                false => print::tune(&report, &opts),
-            }
+            json.show(&report, |r| print::tune(r, &opts))?;
             // A run that found nothing is a failure, whatever it printed.
             report.check_found()?;
         }
@@ -247,10 +254,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Dataset { opts, json } => {
             let report = tessel::dataset(&opts, &mut Bar::new(!json.json))?;
-            match json.json {
-                true => json_line(&report)?,
-                false => print::dataset(&report, &opts),
-            }
+            json.show(&report, |r| print::dataset(r, &opts))?;
         }
         Command::Merge { out, inputs } => {
             let n = tessel::merge(&out, &inputs, &mut Bar::new(false))?;
@@ -262,31 +266,19 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Pretrain { opts, json } => {
             let report = tessel::pretrain(&opts, &mut Bar::new(!json.json))?;
-            match json.json {
-                true => json_line(&report)?,
-                false => print::pretrain(&report),
-            }
+            json.show(&report, print::pretrain)?;
         }
         Command::Transfer { opts, json } => {
             let report = tessel::transfer(&opts, &mut Bar::new(!json.json))?;
-            match json.json {
-                true => json_line(&report)?,
-                false => print::transfer(&report),
-            }
+            json.show(&report, print::transfer)?;
         }
         Command::Eval { opts, json } => {
             let report = tessel::eval(&opts, &mut Bar::new(false))?;
-            match json.json {
-                true => json_line(&report)?,
-                false => print::eval(&report),
-            }
+            json.show(&report, print::eval)?;
         }
         Command::SimCheck { data, device, json } => {
             let report = tessel::sim_check(&data, &device, &mut Bar::new(!json.json))?;
-            match json.json {
-                true => json_line(&report)?,
-                false => print::sim_check(&report),
-            }
+            json.show(&report, print::sim_check)?;
         }
     }
     Ok(())

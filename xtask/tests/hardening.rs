@@ -1,44 +1,11 @@
 //! Bad input from the command line: each is refused with a message naming the problem and a
 //! non-zero exit, never a panic, and no data is lost or overwritten.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const XTASK: &str = env!("CARGO_BIN_EXE_xtask");
+mod common;
 
-fn fresh_dir(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// Runs xtask in `dir`, expecting failure; returns stderr.
-fn refused(args: &[&str], dir: &Path) -> String {
-    let out = Command::new(XTASK)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!out.status.success(), "{args:?} succeeded: {err}");
-    assert!(!err.contains("panicked"), "{args:?}: {err}");
-    err
-}
-
-fn ok(args: &[&str], dir: &Path) -> String {
-    let out = Command::new(XTASK)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
+use common::{XTASK, fails as refused, fresh_dir, run as ok};
 
 const SCALAR: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),

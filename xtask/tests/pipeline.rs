@@ -2,34 +2,10 @@
 //! and the GPU-model pipeline end to end (the library's own tests assert on the reports).
 
 use std::path::Path;
-use std::process::Command;
 
-const XTASK: &str = env!("CARGO_BIN_EXE_xtask");
+mod common;
 
-fn run(args: &[&str], dir: &Path) -> String {
-    let out = Command::new(XTASK)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "xtask {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn fails(args: &[&str], dir: &Path) -> String {
-    let out = Command::new(XTASK)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "xtask {} succeeded", args.join(" "));
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+use common::{fails, run};
 
 #[test]
 fn a_corrupt_dataset_is_an_error_naming_the_record() {
