@@ -386,6 +386,10 @@ pub fn fixtures_dir() -> PathBuf {
 fn shipped_model(progress: &mut dyn Progress) -> Option<(String, tessel_model::Model)> {
     let path = fixtures_dir().join("models/cpu.safetensors");
     if !path.exists() {
+        progress.note(&format!(
+            "note: no shipped model at {}; ranking at random",
+            path.display()
+        ));
         return None;
     }
     match tessel_model::Model::load(&path) {
@@ -480,4 +484,50 @@ pub fn emit(record: &TuningRecord, what: Emit) -> Result<String> {
             )
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(found: bool) -> TuneReport {
+        TuneReport {
+            workload: "resnet50".into(),
+            target: "cpu".into(),
+            machine: "test".into(),
+            compiler: "cc".into(),
+            estimates: false,
+            model: "random".into(),
+            latency_ms: None,
+            gflops: None,
+            percent_of_peak: None,
+            trials: 16,
+            measured_this_run: 16,
+            resumed_from_log: 0,
+            errors: 16,
+            search_time_s: 1.0,
+            search_overhead_s: 0.1,
+            search_overhead_percent: 10.0,
+            tasks: vec![TaskReport {
+                workload: "gemm:m=8,n=8,k=8,dtype=f32".into(),
+                weight: 1,
+                trials: 16,
+                latency_ms: found.then_some(0.01),
+                gflops: found.then_some(0.1),
+                percent_of_peak: None,
+                mapping: None,
+                trace: None,
+            }],
+        }
+    }
+
+    #[test]
+    fn a_run_without_a_valid_candidate_is_an_error_naming_the_task() {
+        assert!(report(true).check_found().is_ok());
+        let e = report(false).check_found().unwrap_err().to_string();
+        assert!(
+            e.contains("gemm:m=8,n=8,k=8") && e.contains("16 errors"),
+            "{e}"
+        );
+    }
 }

@@ -257,3 +257,18 @@ fn log_records_whose_trace_does_not_replay_are_not_trials() {
     let report = tessel::tune(&opts, &mut NoProgress).unwrap();
     assert_eq!((report.resumed_from_log, report.measured_this_run), (0, 2));
 }
+
+#[test]
+fn every_shipped_dataset_reads_cleanly() {
+    let dir = tessel::fixtures_dir().join("datasets");
+    let mut files = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let path = e.unwrap().path();
+        let mut notes = Notes::default();
+        let records = tessel::strict_read(&path, &mut notes).unwrap();
+        assert!(!records.is_empty(), "{}", path.display());
+        assert!(notes.0.is_empty(), "{}: {:?}", path.display(), notes.0);
+        files += 1;
+    }
+    assert!(files >= 5);
+}
