@@ -26,17 +26,19 @@ impl GemmPlan {
     /// register blocking: a padded tile is staged, tens of times slower).
     pub fn for_instruction(intr: &Intrinsic, m: u64, n: u64, k: u64) -> GemmPlan {
         let id = intr.id;
-        // (accumulator budget, widest nr) per register file.
-        let (budget, max_nr): (u64, u64) = match id {
+        // Per register file: the accumulator budget, the widest nr, and the block to use
+        // when every block pads.
+        let (budget, max_nr, largest): (u64, u64, (u64, u64)) = match id {
             // 2x2 accumulator tiles + 2 A + 2 B = all 8 tiles.
-            "amx.tdpbf16ps" | "amx.tdpbusd" | "amx.tdpbssd" => (4, 2),
+            "amx.tdpbf16ps" | "amx.tdpbusd" | "amx.tdpbssd" => (4, 2, (2, 2)),
             // 32 zmm: up to 24 accumulators, nr B vectors, one broadcast.
-            "avx512.vfmadd231ps" | "avx512.vpdpbusd" | "avx512.vdpbf16ps" => (24, 4),
+            "avx512.vfmadd231ps" | "avx512.vpdpbusd" | "avx512.vdpbf16ps" => (24, 4, (8, 3)),
             // 16 ymm: 6x2 = 12 accumulators (or 4x2), 2 B vectors, one broadcast.
-            _ => (12, 2),
+            _ => (12, 2, (6, 2)),
         };
         let (mi, ni) = (intr.m, intr.n);
-        // The most accumulators without padding; ties go to the wider m (B reuse).
+        // The most accumulators without padding; ties go to the wider n (the block found
+        // first), which loads fewer vectors per product: 4x4 over 8x2.
         let mut best = (1u64, 1u64);
         for nr in (1..=max_nr).rev() {
             for mr in (1..=budget / nr).rev() {
@@ -48,11 +50,7 @@ impl GemmPlan {
         }
         if best == (1, 1) && !(m.is_multiple_of(mi) && n.is_multiple_of(ni)) {
             // Nothing avoids padding: the largest block.
-            best = match budget {
-                4 => (2, 2),
-                24 => (8, 3),
-                _ => (6, 2),
-            };
+            best = largest;
         }
         let (mr, nr) = best;
         let kc = [512u64, 256, 128, 64, 32, 16, 8, 4, 2, 1]

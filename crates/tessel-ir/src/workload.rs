@@ -286,14 +286,10 @@ impl Workload {
         self.check()?;
         let op = self.to_op();
         let tensors = op
-            .inputs
-            .iter()
-            .map(|o| &o.tensor)
-            .chain(op.epilogue.iter().filter_map(|e| match e {
-                crate::op::Epilogue::Bias(b) => Some(&b.tensor),
-                _ => None,
-            }))
-            .chain([&op.output.tensor]);
+            .read_operands()
+            .into_iter()
+            .chain([&op.output])
+            .map(|o| &o.tensor);
         for t in tensors {
             let bytes = t
                 .shape

@@ -240,11 +240,7 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
     };
     check_training(o.epochs.max(1), 1e-3)?;
     refuse_overwrite(&o.out, o.force)?;
-    let mut model =
-        Model::load(&o.model).with_context(|| format!("model {}", o.model.display()))?;
-    model
-        .check_schema(tessel_features::SCHEMA_VERSION)
-        .with_context(|| format!("model {}", o.model.display()))?;
+    let mut model = load_model(&o.model)?;
     let data = load(&o.data, network_filter(&o.networks)?.as_ref(), progress)?;
     let (shots, test) = few_shot_split(&data, o.shots, o.seed)?;
     if shots.samples.len() < o.shots {
@@ -297,6 +293,15 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
         scratch,
         saved: Model::paths(&o.out),
     })
+}
+
+/// A model file of this feature schema; errors name the file.
+pub fn load_model(path: &Path) -> Result<Model> {
+    let model = Model::load(path).with_context(|| format!("model {}", path.display()))?;
+    model
+        .check_schema(tessel_features::SCHEMA_VERSION)
+        .with_context(|| format!("model {}", path.display()))?;
+    Ok(model)
 }
 
 /// Training settings that cannot train: no epochs, a rate that is not a positive number.
@@ -417,11 +422,7 @@ pub fn eval(o: &EvalOptions, progress: &mut dyn Progress) -> Result<EvalReport> 
     } else {
         (o.data.clone(), o.networks.clone())
     };
-    let mut model =
-        Model::load(&model_path).with_context(|| format!("model {}", model_path.display()))?;
-    model
-        .check_schema(tessel_features::SCHEMA_VERSION)
-        .with_context(|| format!("model {}", model_path.display()))?;
+    let mut model = load_model(&model_path)?;
     let data = load(&data_files, network_filter(&networks)?.as_ref(), progress)?;
     let ranked = rank(&mut model, &data);
     let (a, b) = split_tasks(data.tasks.len(), 0.5, o.seed);

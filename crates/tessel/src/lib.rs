@@ -54,7 +54,7 @@ pub use dataset::{DatasetOptions, DatasetReport, dataset, merge, parse_shard};
 pub use error::{Context, Error, Result};
 pub use learn::{
     EvalOptions, EvalReport, HELD_OUT_NETWORKS, PretrainOptions, PretrainReport, SHIPPED_DATASETS,
-    TransferOptions, TransferReport, eval, pretrain, transfer,
+    TransferOptions, TransferReport, eval, load_model, pretrain, transfer,
 };
 pub use measure::{MeasureOptions, MeasureReport, generated_c, measure, schedule_of};
 pub use progress::{NoProgress, Notes, Progress};

@@ -82,9 +82,7 @@ pub fn schedule_of(o: &MeasureOptions) -> Result<Trace> {
 pub fn generated_c(o: &MeasureOptions) -> Result<String> {
     let trace = schedule_of(o)?;
     let m = cpu_measurer(&target_options(o))?;
-    let job = m
-        .prepare(&Candidate::new(o.workload.to_op(), trace), "kernel")
-        .map_err(|e| Error::Other(Box::new(e)))?;
+    let job = m.prepare(&Candidate::new(o.workload.to_op(), trace), "kernel")?;
     Ok(job.kernel.source)
 }
 
@@ -101,10 +99,7 @@ pub fn measure(o: &MeasureOptions) -> Result<MeasureReport> {
     let trace = schedule_of(o)?;
     let mut m = cpu_measurer(&target_options(o))?;
     let candidate = Candidate::new(o.workload.to_op(), trace);
-    let r = m
-        .measure(std::slice::from_ref(&candidate))
-        .remove(0)
-        .map_err(|e| Error::Other(Box::new(e)))?;
+    let r = m.measure(std::slice::from_ref(&candidate)).remove(0)?;
     Ok(MeasureReport {
         workload: o.workload.to_string(),
         intrinsic: o.intrinsic.clone(),

@@ -13,6 +13,7 @@ use tessel_search::records::LogContents;
 use tessel_search::{RandomModel, RecordLog, SearchOptions, Task, Tuner, TuningRecord, read_log};
 
 use crate::error::{Context, Error, Result, bail};
+use crate::learn::load_model;
 use crate::progress::Progress;
 use crate::target::{Target, TargetOptions, TargetSpec};
 
@@ -198,12 +199,7 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
         // Trained on CPU measurements: GPU targets start from the random ranking.
         ModelChoice::Shipped if opts.target == TargetSpec::Cpu => shipped_model(progress),
         ModelChoice::Shipped => None,
-        ModelChoice::File(path) => {
-            let model = tessel_model::Model::load(path)
-                .with_context(|| format!("model {}", path.display()))?;
-            model.check_schema(tessel_features::SCHEMA_VERSION)?;
-            Some((path.display().to_string(), model))
-        }
+        ModelChoice::File(path) => Some((path.display().to_string(), load_model(path)?)),
     };
     check_search_options(opts)?;
     if let Some(w) = &opts.workload {
