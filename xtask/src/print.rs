@@ -60,6 +60,16 @@ pub fn tune(r: &TuneReport, opts: &TuneOptions) {
         "{} on {} {how}, cost model: {}",
         r.workload, r.machine, r.model
     );
+    if !r.estimates && r.target == "cpu" {
+        println!(
+            "instructions searched: {}",
+            if r.instructions.is_empty() {
+                "none (vectorized loops only)".to_string()
+            } else {
+                r.instructions.join(", ")
+            }
+        );
+    }
     println!(
         "{:>6} {:>7} {:>10} {:>9} {:>7}  workload / best mapping",
         "weight", "trials", "best ms", "GFLOP/s", "% peak"

@@ -1,6 +1,6 @@
 // The vendor baseline of `cargo xtask bench cpu`: one oneDNN matmul with pre-packed weights.
 //
-//   onednn_matmul M N K (f32|bf16|u8s8)
+//   onednn_matmul M N K (f32|bf16|f16|u8s8)
 //
 // Threads follow OMP_NUM_THREADS. Prints one line: `impl=<name> min_ms=<..> median_ms=<..>
 // gflops=<at the median>`. Built against Debian's libdnnl-dev (oneDNN 2.x API).
@@ -18,7 +18,7 @@ using namespace dnnl;
 
 static int run_matmul(int argc, char **argv) {
     if (argc != 5) {
-        std::fprintf(stderr, "usage: %s M N K f32|bf16|u8s8\n", argv[0]);
+        std::fprintf(stderr, "usage: %s M N K f32|bf16|f16|u8s8\n", argv[0]);
         return 2;
     }
     const memory::dim M = std::atol(argv[1]), N = std::atol(argv[2]), K = std::atol(argv[3]);
@@ -28,6 +28,9 @@ static int run_matmul(int argc, char **argv) {
         a_dt = b_dt = c_dt = memory::data_type::f32;
     } else if (dt == "bf16") {
         a_dt = b_dt = memory::data_type::bf16;
+        c_dt = memory::data_type::f32;
+    } else if (dt == "f16") {
+        a_dt = b_dt = memory::data_type::f16;
         c_dt = memory::data_type::f32;
     } else if (dt == "u8s8") {
         a_dt = memory::data_type::u8;

@@ -50,6 +50,7 @@ fn feature_flag(feature: &str) -> Option<&'static str> {
         "avx512_fp16" => "-mavx512fp16",
         "avx2" => "-mavx2",
         "fma" => "-mfma",
+        "avx_vnni" => "-mavxvnni",
         _ => return None,
     })
 }

@@ -37,6 +37,22 @@ fn body(id: &str) -> Option<(&'static str, &'static str)> {
              float s[8]; __m256 t = c[0]; for (int i = 1; i < 12; i++) t = _mm256_add_ps(t, c[i]); _mm256_storeu_ps(s, t); sink += s[0];",
             "12 * 8 * 2",
         ),
+        // The empty asm makes `a` opaque before each product, so the compiler cannot hoist
+        // the loop-invariant vpmaddwd out of the loop and leave only the adds.
+        "avx2.vpmaddwd" => (
+            "__m256i c[12]; for (int i = 0; i < 12; i++) c[i] = _mm256_set1_epi32(i);
+             __m256i a = _mm256_set1_epi32(0x00010001), b = _mm256_set1_epi32(0x00010001);
+             for (long it = 0; it < iters; it++) { for (int i = 0; i < 12; i++) { __asm__(\"\" : \"+x\"(a)); c[i] = _mm256_add_epi32(c[i], _mm256_madd_epi16(a, b)); } }
+             int32_t s[8]; __m256i t = c[0]; for (int i = 1; i < 12; i++) t = _mm256_add_epi32(t, c[i]); _mm256_storeu_si256((__m256i *)s, t); sink += s[0];",
+            "12 * 8 * 2 * 2",
+        ),
+        "avxvnni.vpdpbusd" => (
+            "__m256i c[12]; for (int i = 0; i < 12; i++) c[i] = _mm256_set1_epi32(i);
+             __m256i a = _mm256_set1_epi32(0x01010101), b = _mm256_set1_epi32(0x01010101);
+             for (long it = 0; it < iters; it++) { for (int i = 0; i < 12; i++) c[i] = _mm256_dpbusd_avx_epi32(c[i], a, b); }
+             int32_t s[8]; __m256i t = c[0]; for (int i = 1; i < 12; i++) t = _mm256_add_epi32(t, c[i]); _mm256_storeu_si256((__m256i *)s, t); sink += s[0];",
+            "12 * 8 * 4 * 2",
+        ),
         "avx512.vfmadd231ps" => (
             "__m512 c[16]; for (int i = 0; i < 16; i++) c[i] = _mm512_set1_ps((float)i);
              __m512 a = _mm512_set1_ps(1e-9f), b = _mm512_set1_ps(0.5f);

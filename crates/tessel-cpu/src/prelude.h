@@ -30,6 +30,8 @@ static inline int8_t tsl_sat_i8(float v) { v = roundf(v); return (int8_t)(v < -1
 static inline uint8_t tsl_sat_u8(float v) { v = roundf(v); return (uint8_t)(v < 0.0f ? 0.0f : v > 255.0f ? 255.0f : v); }
 static inline int8_t tsl_sat_i8_i32(int32_t v) { return (int8_t)(v < -128 ? -128 : v > 127 ? 127 : v); }
 static inline uint8_t tsl_sat_u8_i32(int32_t v) { return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v); }
+static inline int16_t tsl_sat_i16(float v) { v = roundf(v); return (int16_t)(v < -32768.0f ? -32768.0f : v > 32767.0f ? 32767.0f : v); }
+static inline int16_t tsl_sat_i16_i32(int32_t v) { return (int16_t)(v < -32768 ? -32768 : v > 32767 ? 32767 : v); }
 /* Two's-complement wrapping, as the i32 accumulators of the hardware behave. */
 static inline int32_t tsl_add_i32(int32_t a, int32_t b) { return (int32_t)((uint32_t)a + (uint32_t)b); }
 static inline int32_t tsl_mul_i32(int32_t a, int32_t b) { return (int32_t)((uint32_t)a * (uint32_t)b); }
@@ -50,6 +52,7 @@ typedef struct { float f[16]; } __m512;
 typedef struct { int32_t i[16]; } __m512i;
 typedef struct { uint16_t h[32]; } __m512bh;
 typedef struct { float f[8]; } __m256;
+typedef struct { int32_t i[8]; } __m256i;
 
 static inline __m512 _mm512_loadu_ps(const void *p) { __m512 r; memcpy(&r, p, 64); return r; }
 static inline void _mm512_storeu_ps(void *p, __m512 a) { memcpy(p, &a, 64); }
@@ -82,6 +85,27 @@ static inline __m256 _mm256_loadu_ps(const float *p) { __m256 r; memcpy(&r, p, 3
 static inline void _mm256_storeu_ps(float *p, __m256 a) { memcpy(p, &a, 32); }
 static inline __m256 _mm256_set1_ps(float x) { __m256 r; for (int i = 0; i < 8; i++) r.f[i] = x; return r; }
 static inline __m256 _mm256_fmadd_ps(__m256 a, __m256 b, __m256 c) { for (int i = 0; i < 8; i++) c.f[i] = fmaf(a.f[i], b.f[i], c.f[i]); return c; }
+static inline __m256i _mm256_loadu_si256(const __m256i *p) { __m256i r; memcpy(&r, p, 32); return r; }
+static inline void _mm256_storeu_si256(__m256i *p, __m256i a) { memcpy(p, &a, 32); }
+static inline __m256i _mm256_set1_epi32(int32_t x) { __m256i r; for (int i = 0; i < 8; i++) r.i[i] = x; return r; }
+static inline __m256i _mm256_add_epi32(__m256i a, __m256i b) { for (int i = 0; i < 8; i++) a.i[i] = tsl_add_i32(a.i[i], b.i[i]); return a; }
+/* vpmaddwd: each i32 lane is the sum of two i16 x i16 products (wrapping, as the hardware's
+ * one overflowing case, -32768 * -32768 * 2, does). */
+static inline __m256i _mm256_madd_epi16(__m256i a, __m256i b) {
+    const int16_t *x = (const int16_t *)&a, *y = (const int16_t *)&b; __m256i r;
+    for (int i = 0; i < 8; i++) r.i[i] = tsl_add_i32((int32_t)x[2 * i] * y[2 * i], (int32_t)x[2 * i + 1] * y[2 * i + 1]);
+    return r;
+}
+/* AVX-VNNI vpdpbusd (ymm): each lane adds four u8 x s8 products. */
+static inline __m256i _mm256_dpbusd_avx_epi32(__m256i src, __m256i a, __m256i b) {
+    const uint8_t *ua = (const uint8_t *)&a; const int8_t *sb = (const int8_t *)&b;
+    for (int i = 0; i < 8; i++) {
+        int32_t s = src.i[i];
+        for (int j = 0; j < 4; j++) s = tsl_add_i32(s, (int32_t)ua[4 * i + j] * (int32_t)sb[4 * i + j]);
+        src.i[i] = s;
+    }
+    return src;
+}
 static inline __m512bh tsl_bcast_bf16x2(const void *p) { __m512bh r; for (int i = 0; i < 16; i++) memcpy(&r.h[2 * i], p, 4); return r; }
 static inline __m512bh tsl_load_bf16x32(const void *p) { __m512bh r; memcpy(&r, p, 64); return r; }
 
@@ -137,6 +161,14 @@ static inline void tsl_emu_dpb(int c, int a, int b, int a_signed) {
 #elif defined(__AVX512BF16__)
 static inline __m512bh tsl_bcast_bf16x2(const void *p) { return (__m512bh)_mm512_set1_epi32(tsl_load_i32(p)); }
 static inline __m512bh tsl_load_bf16x32(const void *p) { return (__m512bh)_mm512_loadu_si512(p); }
+#endif
+
+/* 256-bit integer vectors through untyped pointers (the kernels address bytes and i16). */
+#if defined(__AVX2__) || defined(TESSEL_EMULATE)
+static inline __m256i tsl_loadu_256i(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline void tsl_storeu_256i(void *p, __m256i a) { _mm256_storeu_si256((__m256i *)p, a); }
+/* vpmaddwd then vpaddd: c += pairwise i16 products. */
+static inline __m256i tsl_madd_add(__m256i c, __m256i a, __m256i b) { return _mm256_add_epi32(c, _mm256_madd_epi16(a, b)); }
 #endif
 
 /* Every thread that runs tile instructions loads the configuration first. */

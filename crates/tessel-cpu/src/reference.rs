@@ -78,7 +78,8 @@ pub fn reference_gemm(
     let intr = catalog
         .get(id)
         .ok_or_else(|| format!("unknown instruction `{id}`"))?;
-    if intr.a != types.dtype || intr.b != types.wdtype {
+    let reaches = |from: tessel_ir::DType, to| from == to || from.widens_exactly_to(to);
+    if !reaches(types.dtype, intr.a) || !reaches(types.wdtype, intr.b) {
         return Err(format!(
             "`{id}` multiplies {} x {}, the workload is {} x {}",
             intr.a, intr.b, types.dtype, types.wdtype
@@ -95,6 +96,13 @@ pub fn reference_gemm(
     };
 
     let mut t = Trace::new();
+    // Convert-on-pack: operands the instruction takes in a wider type.
+    if types.dtype != intr.a {
+        t.cast(0, intr.a);
+    }
+    if types.wdtype != intr.b {
+        t.cast(1, intr.b);
+    }
     t.split("m", &[plan.mr, mi]);
     t.split("n", &[plan.nr, ni]);
     t.split("k", &[kc / ki, ki]);
@@ -131,7 +139,9 @@ pub use tessel_intrin::CPU_INSTRUCTIONS;
 pub fn gemm_spec(id: &str, m: u64, n: u64, k: u64) -> String {
     let types = match id {
         "amx.tdpbf16ps" | "avx512.vdpbf16ps" => "dtype=bf16",
-        "amx.tdpbusd" | "avx512.vpdpbusd" => "dtype=u8,wdtype=i8",
+        "amx.tdpbusd" | "avx512.vpdpbusd" | "avxvnni.vpdpbusd" | "avx2.vpmaddwd" => {
+            "dtype=u8,wdtype=i8"
+        }
         "amx.tdpbssd" => "dtype=i8",
         _ => "dtype=f32",
     };

@@ -50,6 +50,39 @@ fn reference_schedules_compute_gemm_on_every_instruction() {
 }
 
 #[test]
+fn convert_on_pack_feeds_narrow_types_to_wider_instructions() {
+    // bf16/f16 into the f32 FMAs, u8 x i8 into vpmaddwd's i16: the register-block path
+    // (dividing shapes, reference schedule) and the staged one (padding, matcher mapping).
+    let catalog = Catalog::default();
+    let mut cands = Vec::new();
+    let mut labels = Vec::new();
+    for (id, types) in [
+        ("avx2.vfmadd231ps", "dtype=bf16"),
+        ("avx2.vfmadd231ps", "dtype=f16"),
+        ("avx512.vfmadd231ps", "dtype=bf16"),
+        ("avx2.vpmaddwd", "dtype=u8,wdtype=i8"),
+        ("avx2.vpmaddwd", "dtype=i8"),
+    ] {
+        let spec = format!("gemm:m=32,n=48,k=64,{types},epilogue=bias+relu");
+        let w = workload(&spec);
+        let trace = reference_gemm(&w, id, None).unwrap_or_else(|e| panic!("{spec}: {e}"));
+        assert!(trace.to_string().contains("cast("), "{trace}");
+        labels.push(format!("{id} {spec}"));
+        cands.push(Candidate::new(w.to_op(), trace));
+        let spec =
+            format!("conv2d:n=1,h=6,w=5,c=8,k=20,r=3,s=3,stride=1,pad=1,layout=nhwc,{types}");
+        let op = workload(&spec).to_op();
+        let intr = catalog.get(id).unwrap();
+        let mappings = match_op(&op, intr).unwrap_or_else(|e| panic!("{id} {spec}: {e}"));
+        assert!(mappings[0].converts(), "{}", mappings[0]);
+        labels.push(format!("{id} {spec} [{}]", mappings[0]));
+        cands.push(Candidate::new(op, mappings[0].to_trace(intr)));
+    }
+    let results = measurer(true).measure(&cands);
+    assert_all_ok(&labels, &results);
+}
+
+#[test]
 fn matcher_mappings_compute_odd_shapes_and_convolutions() {
     let catalog = Catalog::default();
     let mut cands = Vec::new();

@@ -83,6 +83,8 @@ impl Target {
         let instructions = catalog
             .intrinsics
             .iter()
+            // What can run: instructions only described (no code generator) are left out.
+            .filter(|i| !i.description_only)
             .filter(|i| match &i.requires {
                 Requirement::CpuFeatures(fs) => fs.iter().all(|f| has(f)),
                 Requirement::ComputeCapability(..) => false,
@@ -250,7 +252,7 @@ impl Target {
             self.peak(|i| i.a == DType::F32),
             self.peak(|i| i.a == DType::BF16),
             self.peak(|i| i.a == DType::F16),
-            self.peak(|i| matches!(i.a, DType::I8 | DType::U8)),
+            self.peak(|i| matches!(i.a, DType::I8 | DType::U8 | DType::I16)),
             self.peak(matrix),
         ]
     }
@@ -290,8 +292,12 @@ mod tests {
             &BTreeMap::new(),
             None,
         );
-        assert_eq!(avx2.instructions, vec!["avx2.vfmadd231ps".to_string()]);
-        assert_eq!(avx2.peaks(), [16.0, 0.0, 0.0, 0.0, 0.0]);
+        // vpmaddwd (int8 widened to i16) and the f32 FMA; vpmaddubsw is only described.
+        assert_eq!(
+            avx2.instructions,
+            vec!["avx2.vpmaddwd".to_string(), "avx2.vfmadd231ps".to_string()]
+        );
+        assert_eq!(avx2.peaks(), [16.0, 0.0, 0.0, 32.0, 0.0]);
         assert_eq!(avx2.register_bytes(), 16 * 32);
         let spr: Vec<String> = ["avx2", "fma", "avx512f", "amx_tile", "amx_bf16", "amx_int8"]
             .map(String::from)

@@ -201,6 +201,32 @@ fn tensor_core(
     }
 }
 
+/// `vpmaddubsw` then `vpmaddwd` by ones: u8 x i8 with four products per i32 lane, twice the
+/// work of `vpmaddwd` per instruction, but the first step adds two products into a
+/// *saturating* i16 (255 x 127 x 2 > 32767), so it is exact only when the values are known to
+/// be small (e.g. 7-bit activations). Described, not generated: tessel does not know value
+/// ranges, and a silently wrong result is worse than a slower exact one.
+fn vpmaddubsw() -> Intrinsic {
+    let mut i = avx(
+        "avx2.vpmaddubsw",
+        "vpmaddubsw + vpmaddwd + vpaddd ymm",
+        "avx2-int8",
+        256,
+        8,
+        4,
+        DType::U8,
+        DType::I8,
+        DType::I32,
+        vec!["avx2"],
+        64.0,
+        Some(10),
+    );
+    i.description_only = true;
+    i.note =
+        "saturates at 16 bits: exact only for value ranges tessel does not know, so not generated";
+    i
+}
+
 /// Every instruction tessel knows, in a stable order.
 pub fn catalog() -> Vec<Intrinsic> {
     use DType::*;
@@ -295,6 +321,34 @@ pub fn catalog() -> Vec<Intrinsic> {
             Some(4),
         ),
         avx(
+            "avxvnni.vpdpbusd",
+            "vpdpbusd ymm (VEX)",
+            "avx-vnni",
+            256,
+            8,
+            4,
+            U8,
+            I8,
+            I32,
+            vec!["avx_vnni"],
+            64.0,
+            Some(5),
+        ),
+        avx(
+            "avx2.vpmaddwd",
+            "vpmaddwd + vpaddd ymm",
+            "avx2-int8",
+            256,
+            8,
+            2,
+            I16,
+            I16,
+            I32,
+            vec!["avx2"],
+            32.0,
+            Some(5),
+        ),
+        avx(
             "avx2.vfmadd231ps",
             "vfmadd231ps ymm",
             "avx2-fma",
@@ -309,6 +363,18 @@ pub fn catalog() -> Vec<Intrinsic> {
             Some(4),
         ),
     ];
+    for i in &mut v {
+        i.note = match i.id {
+            "avx2.vpmaddwd" => {
+                "exact: i16 x i16 pairs summed into i32; u8/i8 operands are widened to i16 while packing (the products of two 8-bit values cannot overflow a pair sum)"
+            }
+            "avxvnni.vpdpbusd" => {
+                "the VEX (ymm) form of AVX512-VNNI: Alder Lake, Sapphire Rapids, Zen 5"
+            }
+            _ => i.note,
+        };
+    }
+    v.push(vpmaddubsw());
     /// (id, m x n x k, dtype, minimum compute capability)
     type Wmma = (&'static str, (u64, u64, u64), DType, (u32, u32));
     const WMMA_16BIT: [Wmma; 6] = [

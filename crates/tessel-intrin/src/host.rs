@@ -14,7 +14,7 @@ pub struct HostCpu {
     pub model: String,
     pub logical_cores: usize,
     /// Feature names as in /proc/cpuinfo: `avx2`, `fma`, `avx512f`, `avx512_vnni`,
-    /// `avx512_bf16`, `avx512_fp16`, `amx_tile`, `amx_bf16`, `amx_int8`.
+    /// `avx512_bf16`, `avx512_fp16`, `avx_vnni`, `amx_tile`, `amx_bf16`, `amx_int8`.
     pub features: BTreeSet<String>,
     /// Whether the OS granted this process AMX tile data (Linux arch_prctl). Without it the
     /// first tile instruction faults, so AMX counts as unsupported.
@@ -92,6 +92,11 @@ fn detect() -> HostCpu {
         add("amx_bf16", l7.edx & (1 << 22) != 0);
         add("amx_tile", l7.edx & (1 << 24) != 0);
         add("amx_int8", l7.edx & (1 << 25) != 0);
+        // AVX-VNNI (the VEX form): leaf 7 sub-leaf 1, EAX bit 4; usable when the OS saves
+        // the ymm state, which the avx2 check above includes.
+        let l7_1 = __cpuid_count(7, 1);
+        let ymm = std::arch::is_x86_feature_detected!("avx2");
+        add("avx_vnni", ymm && l7_1.eax & (1 << 4) != 0);
     }
     let amx_permitted = features.contains("amx_tile") && request_amx_permission();
     let (vendor, model) = cpu_names();

@@ -10,7 +10,7 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use tessel_ir::{ComputeOp, IterKind, Trace};
+use tessel_ir::{ComputeOp, DType, IterKind, Trace};
 use thiserror::Error;
 
 use crate::desc::{Intrinsic, LayoutReq};
@@ -57,6 +57,9 @@ pub enum TransformKind {
     VnniPack { group: u32 },
     /// Unfold overlapping windows (a convolution input whose k group is not one stride).
     Im2col,
+    /// Only the element type changes (see [`OperandTransform::convert`]): a copy in the
+    /// operand's own layout.
+    Convert,
 }
 
 /// The transform of one operand.
@@ -67,6 +70,10 @@ pub struct OperandTransform {
     /// Which instruction operand it feeds: `A` or `B`.
     pub role: String,
     pub kind: TransformKind,
+    /// The wider type the operand is converted to on the way (convert-on-pack: bf16 -> f32
+    /// for an f32 FMA, u8/i8 -> i16 for `vpmaddwd`); `None` when the types agree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub convert: Option<DType>,
     /// Bytes written by the transform (0 when direct).
     pub bytes: u64,
 }
@@ -96,6 +103,20 @@ impl Mapping {
         self.transforms.iter().map(|t| t.bytes).sum()
     }
 
+    /// Appends to `t` a cast of every operand the instruction takes in a wider type.
+    pub fn cast_steps(&self, t: &mut Trace) {
+        for (slot, tr) in self.transforms.iter().enumerate().take(2) {
+            if let Some(dtype) = tr.convert {
+                t.cast(self.operands[slot], dtype);
+            }
+        }
+    }
+
+    /// Whether any operand changes type on the way to the instruction.
+    pub fn converts(&self) -> bool {
+        self.transforms.iter().any(|t| t.convert.is_some())
+    }
+
     /// Appends to `t` the steps that make one loop per instruction dimension: `outer` (the
     /// variables outside the instruction, in the order wanted) first, then each dimension's
     /// variables adjacent and fused. Returns the fused loops' names, m, n and k.
@@ -120,6 +141,7 @@ impl Mapping {
     /// split by the instruction's extents (padding), and the inner parts tensorized.
     pub fn to_trace(&self, intr: &Intrinsic) -> Trace {
         let mut t = Trace::new();
+        self.cast_steps(&mut t);
         let outer: Vec<&str> = self.outer.iter().map(String::as_str).collect();
         let fused = self.fuse_dims(&mut t, &outer);
         for (d, ext) in fused.iter().zip([intr.m, intr.n, intr.k]) {
@@ -167,6 +189,9 @@ impl fmt::Display for Mapping {
         write!(f, "; waste {:.1}%", 100.0 * self.padding_waste())?;
         for t in &self.transforms {
             write!(f, "; {} <- {}: {:?}", t.role, t.input, t.kind)?;
+            if let Some(to) = t.convert {
+                write!(f, " to {to}")?;
+            }
             if t.bytes > 0 {
                 write!(f, " ({} B)", t.bytes)?;
             }
@@ -246,9 +271,11 @@ pub fn match_op(op: &ComputeOp, intr: &Intrinsic) -> Result<Vec<Mapping>, MatchE
     let mut out = Vec::new();
     for (a, b) in [(0usize, 1usize), (1, 0)] {
         let (da, db) = (op.inputs[a].tensor.dtype, op.inputs[b].tensor.dtype);
-        if (da, db) != (intr.a, intr.b) {
+        // The instruction's types, or ones that widen to them exactly on the way in.
+        let reaches = |from: DType, to: DType| from == to || from.widens_exactly_to(to);
+        if !reaches(da, intr.a) || !reaches(db, intr.b) {
             reasons.push(format!(
-                "inputs {a},{b} are {da} x {db}, the instruction takes {} x {}",
+                "inputs {a},{b} are {da} x {db}, the instruction takes {} x {} (and they do not widen to it exactly)",
                 intr.a, intr.b
             ));
             continue;
@@ -371,11 +398,14 @@ fn build(
             || dims[cols].padded != dims[cols].extent
             || may_read_outside(op, input);
         let windows = op.inputs[input].indices.iter().any(|e| e.terms.len() > 1);
+        let want = if slot == 0 { intr.a } else { intr.b };
+        let convert = (op.inputs[input].tensor.dtype != want).then_some(want);
         let kind = match req {
             LayoutReq::Vnni { group } => TransformKind::VnniPack { group },
             _ if !regular && windows => TransformKind::Im2col,
             _ if !regular || !native => TransformKind::Transpose,
             _ if padded => TransformKind::Pad,
+            _ if convert.is_some() => TransformKind::Convert,
             _ => TransformKind::Direct,
         };
         let batch: u64 = outer
@@ -386,15 +416,14 @@ fn build(
         let bytes = if kind == TransformKind::Direct {
             0
         } else {
-            dims[rows].padded
-                * dims[cols].padded
-                * batch
-                * op.inputs[input].tensor.dtype.bytes() as u64
+            // Written in the instruction's type (the converted one, where it converts).
+            dims[rows].padded * dims[cols].padded * batch * want.bytes() as u64
         };
         transforms.push(OperandTransform {
             input: op.inputs[input].tensor.name.clone(),
             role: role.to_string(),
             kind,
+            convert,
             bytes,
         });
     }

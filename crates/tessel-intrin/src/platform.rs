@@ -4,13 +4,15 @@
 use crate::{Catalog, HostCpu, Support};
 
 /// Instruction ids the CPU code generator supports, in the order benchmarks report them.
-pub const CPU_INSTRUCTIONS: [&str; 7] = [
+pub const CPU_INSTRUCTIONS: [&str; 9] = [
     "amx.tdpbf16ps",
     "amx.tdpbusd",
     "amx.tdpbssd",
     "avx512.vpdpbusd",
     "avx512.vdpbf16ps",
     "avx512.vfmadd231ps",
+    "avxvnni.vpdpbusd",
+    "avx2.vpmaddwd",
     "avx2.vfmadd231ps",
 ];
 
@@ -60,9 +62,35 @@ pub const CPU_PLATFORMS: &[CpuPlatform] = &[
         wdtype: None,
     },
     CpuPlatform {
+        name: "avx-vnni",
+        instructions: &["avxvnni.vpdpbusd"],
+        dtype: "u8",
+        wdtype: Some("i8"),
+    },
+    CpuPlatform {
         name: "avx2-fma",
         instructions: &["avx2.vfmadd231ps"],
         dtype: "f32",
+        wdtype: None,
+    },
+    // u8 x i8 widened to i16 on the way in (convert-on-pack).
+    CpuPlatform {
+        name: "avx2-int8",
+        instructions: &["avx2.vpmaddwd"],
+        dtype: "u8",
+        wdtype: Some("i8"),
+    },
+    // bf16 and f16 converted to f32 on the way in, into the f32 FMA kernels.
+    CpuPlatform {
+        name: "avx2-bf16",
+        instructions: &["avx2.vfmadd231ps"],
+        dtype: "bf16",
+        wdtype: None,
+    },
+    CpuPlatform {
+        name: "avx2-f16",
+        instructions: &["avx2.vfmadd231ps"],
+        dtype: "f16",
         wdtype: None,
     },
     // The compiler-vectorized loop nests, no tensorized instruction.

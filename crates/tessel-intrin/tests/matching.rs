@@ -5,7 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
-use tessel_intrin::{Catalog, DimAssignment, Intrinsic, Mapping, match_op};
+use tessel_intrin::{
+    Catalog, DimAssignment, Intrinsic, Mapping, OperandTransform, TransformKind, match_op,
+};
 use tessel_ir::{ComputeOp, Conv2d, ConvLayout, DType, EpilogueSpec, Types, Workload};
 
 fn arb_types() -> impl Strategy<Value = Types> {
@@ -116,7 +118,10 @@ fn pick_intrinsic(op: &ComputeOp, index: usize) -> Intrinsic {
     let (a, b) = (op.inputs[0].tensor.dtype, op.inputs[1].tensor.dtype);
     let fitting: Vec<&Intrinsic> = all
         .iter()
-        .filter(|i| i.acc == op.accumulator && ((i.a, i.b) == (a, b) || (i.a, i.b) == (b, a)))
+        .filter(|i| {
+            let to = |x: DType, y: DType| x == y || x.widens_exactly_to(y);
+            i.acc == op.accumulator && ((to(a, i.a) && to(b, i.b)) || (to(b, i.a) && to(a, i.b)))
+        })
         .collect();
     if index.is_multiple_of(5) || fitting.is_empty() {
         all[index % all.len()].clone()
@@ -171,7 +176,21 @@ fn brute_force(
                     .iter()
                     .map(|&v| op.iter_vars[v].name.clone())
                     .collect(),
-                transforms: vec![],
+                // Convert-on-pack where the operand widens exactly to the instruction's type.
+                transforms: operands
+                    .iter()
+                    .zip([intr.a, intr.b])
+                    .map(|(&o, want)| {
+                        let have = op.inputs[o].tensor.dtype;
+                        OperandTransform {
+                            input: op.inputs[o].tensor.name.clone(),
+                            role: String::new(),
+                            kind: TransformKind::Direct,
+                            convert: have.widens_exactly_to(want).then_some(want),
+                            bytes: 0,
+                        }
+                    })
+                    .collect(),
             };
             match m.to_trace(intr).apply(op, table) {
                 Ok(_) => accepted.push(m),

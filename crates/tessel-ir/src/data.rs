@@ -26,6 +26,7 @@ impl TensorData {
                 DType::I8 => at[0] = (v as i8) as u8,
                 DType::U8 => at[0] = v as u8,
                 DType::I32 => at.copy_from_slice(&(v as i32).to_le_bytes()),
+                DType::I16 => at.copy_from_slice(&(v as i16).to_le_bytes()),
             }
         }
     }
@@ -57,6 +58,7 @@ impl TensorData {
                     DType::I8 => at[0] as i8 as f64,
                     DType::U8 => at[0] as f64,
                     DType::I32 => i32::from_le_bytes(four()) as f64,
+                    DType::I16 => two() as i16 as f64,
                 }
             })
             .collect();
@@ -81,7 +83,7 @@ impl TensorData {
             let r = rng.next() % 32;
             *x = match dtype {
                 DType::U8 => (r % 16) as f64,
-                DType::I8 | DType::I32 => (r % 16) as f64 - 8.0,
+                DType::I8 | DType::I16 | DType::I32 => (r % 16) as f64 - 8.0,
                 _ => (r as f64 - 16.0) / 8.0,
             };
         }

@@ -17,24 +17,27 @@ pub enum DType {
     I8,
     U8,
     I32,
+    /// 16-bit integers: what int8 operands are widened to for AVX2's `vpmaddwd`.
+    I16,
 }
 
 impl DType {
     /// Every dtype, in a stable order.
-    pub const ALL: [DType; 6] = [
+    pub const ALL: [DType; 7] = [
         DType::BF16,
         DType::F16,
         DType::F32,
         DType::I8,
         DType::U8,
         DType::I32,
+        DType::I16,
     ];
 
     /// Size of one element in bytes.
     pub fn bytes(self) -> usize {
         match self {
             DType::I8 | DType::U8 => 1,
-            DType::BF16 | DType::F16 => 2,
+            DType::BF16 | DType::F16 | DType::I16 => 2,
             DType::F32 | DType::I32 => 4,
         }
     }
@@ -62,6 +65,7 @@ impl DType {
             DType::I8 => "i8",
             DType::U8 => "u8",
             DType::I32 => "i32",
+            DType::I16 => "i16",
         }
     }
 
@@ -78,7 +82,19 @@ impl DType {
             DType::I32 => (value.round() as i64) as i32 as f64,
             DType::I8 => value.round().clamp(-128.0, 127.0),
             DType::U8 => value.round().clamp(0.0, 255.0),
+            DType::I16 => value.round().clamp(-32768.0, 32767.0),
         }
+    }
+
+    /// Whether every value of `self` is exactly a value of `to` (bf16/f16 -> f32, 8-bit
+    /// integers -> i16 or i32, i16 -> i32): the conversions a pack may apply on the way to
+    /// an instruction without changing the result. A type does not widen to itself.
+    pub fn widens_exactly_to(self, to: DType) -> bool {
+        use DType::*;
+        matches!(
+            (self, to),
+            (BF16 | F16, F32) | (I8 | U8, I16) | (I8 | U8 | I16, I32)
+        )
     }
 }
 
@@ -99,6 +115,7 @@ impl FromStr for DType {
             "i8" | "s8" | "int8" => DType::I8,
             "u8" | "uint8" => DType::U8,
             "i32" | "s32" | "int32" => DType::I32,
+            "i16" | "s16" | "int16" => DType::I16,
             other => {
                 return Err(SpecError::UnknownDType {
                     value: other.to_string(),
@@ -131,6 +148,19 @@ mod tests {
         assert_eq!(DType::F16.round(1.0 + 1.0 / 1024.0), 1.0 + 1.0 / 1024.0);
         assert_eq!(DType::I32.round(2_147_483_648.0), -2_147_483_648.0);
         assert_eq!(DType::I8.round(300.0), 127.0);
+        assert_eq!(DType::I16.round(40000.0), 32767.0);
         assert!("q4".parse::<DType>().is_err());
+    }
+
+    #[test]
+    fn exact_widenings_are_the_lossless_ones() {
+        use DType::*;
+        assert!(BF16.widens_exactly_to(F32) && F16.widens_exactly_to(F32));
+        assert!(U8.widens_exactly_to(I16) && I8.widens_exactly_to(I16));
+        assert!(!F32.widens_exactly_to(BF16) && !BF16.widens_exactly_to(F16));
+        assert!(!I16.widens_exactly_to(I8) && !F32.widens_exactly_to(F32));
+        // Integers never become floats: f32 holds every i8 but the instruction would
+        // round its i32 sums.
+        assert!(!I8.widens_exactly_to(F32));
     }
 }

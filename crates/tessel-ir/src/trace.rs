@@ -212,6 +212,13 @@ pub enum Step {
         operand: usize,
         layout: LayoutTransform,
     },
+    /// Converts input `operand` to `dtype` while it is copied once at the root (with its pack,
+    /// if any): convert-on-pack, for an instruction whose operands are a wider type. Only
+    /// exact widenings ([`crate::DType::widens_exactly_to`]); before any cache of the input.
+    Cast {
+        operand: usize,
+        dtype: crate::DType,
+    },
     /// Replaces the innermost loops by one call of a tensorized instruction. `bindings` maps each
     /// of the instruction's iteration variables to a loop; `operands[i]` is the operator input
     /// that feeds the instruction's input `i`.
@@ -256,6 +263,7 @@ impl fmt::Display for Step {
                 "pack(input {operand}, splits {:?}, order {:?})",
                 layout.splits, layout.order
             ),
+            Step::Cast { operand, dtype } => write!(f, "cast(input {operand}, {dtype})"),
             Step::Tensorize {
                 intrinsic,
                 bindings,
@@ -371,6 +379,11 @@ impl Trace {
 
     pub fn pack(&mut self, operand: usize, layout: LayoutTransform) -> &mut Self {
         self.push(Step::Pack { operand, layout })
+    }
+
+    /// Converts input `operand` to `dtype` on its way to the computation ([`Step::Cast`]).
+    pub fn cast(&mut self, operand: usize, dtype: crate::DType) -> &mut Self {
+        self.push(Step::Cast { operand, dtype })
     }
 
     pub fn tensorize(

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
-use tessel_ir::{GpuAxis, LayoutTransform, Scope, Step, Trace, Workload};
+use tessel_ir::{DType, GpuAxis, LayoutTransform, Scope, Step, Trace, Workload};
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 1024, failure_persistence: None, ..ProptestConfig::default() })]
@@ -126,6 +126,11 @@ fn arb_step() -> impl Strategy<Value = Step> {
                     order
                 },
             }),
+        (
+            0usize..3,
+            prop_oneof![Just(DType::F32), Just(DType::I16), Just(DType::BF16)]
+        )
+            .prop_map(|(operand, dtype)| Step::Cast { operand, dtype }),
         (arb_name(), arb_name(), arb_name()).prop_map(|(a, b, c)| Step::Tensorize {
             intrinsic: "mma.2x2x2.bf16.bf16".into(),
             bindings: vec![("i".into(), a), ("j".into(), b), ("kk".into(), c)],

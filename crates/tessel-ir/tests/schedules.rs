@@ -330,6 +330,7 @@ fn the_generator_reaches_every_primitive() {
                 Step::CacheRead { .. } => "cache_read",
                 Step::CacheWrite { .. } => "cache_write",
                 Step::Pack { .. } => "pack",
+                Step::Cast { .. } => "cast",
                 Step::Tensorize { .. } => "tensorize",
                 Step::Pipeline { .. } => "pipeline",
                 Step::Annotate { .. } => "annotate",

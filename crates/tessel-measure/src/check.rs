@@ -6,7 +6,7 @@ use tessel_ir::{ComputeOp, DType, TensorData};
 /// summation order and one final rounding can explain.
 pub fn tolerance(op: &ComputeOp) -> f64 {
     match op.output.tensor.dtype {
-        DType::I8 | DType::U8 | DType::I32 => 0.0,
+        DType::I8 | DType::U8 | DType::I16 | DType::I32 => 0.0,
         DType::F32 => 1e-3,
         DType::BF16 => 2e-2,
         DType::F16 => 4e-3,

@@ -44,9 +44,14 @@ pub struct BenchOptions {
 /// One row of the benchmark table, as `bench_cpu` notes it.
 pub fn bench_row_line(row: &BenchRow) -> String {
     let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1}"));
+    let types = row
+        .workload
+        .parse::<Workload>()
+        .map_or("?", |w| onednn_dtype(&w));
     format!(
-        "{:<20} {:>3} {:>11} {:>11} {:>7} {:>11}  {:<22} {:>8}  {}",
+        "{:<20} {:<5} {:>3} {:>11} {:>11} {:>7} {:>11}  {:<22} {:>8}  {}",
         row.intrinsic,
+        types,
         row.threads,
         f(row.peak_gops),
         f(row.tessel_gops),
@@ -60,7 +65,7 @@ pub fn bench_row_line(row: &BenchRow) -> String {
 }
 
 /// The header of the lines [`bench_row_line`] makes.
-pub const BENCH_HEADER: &str = "instruction          thr  peak GOP/s      tessel  % peak      oneDNN  oneDNN impl               ratio";
+pub const BENCH_HEADER: &str = "instruction          types thr  peak GOP/s      tessel  % peak      oneDNN  oneDNN impl               ratio";
 
 /// One instruction at one thread count.
 #[derive(Clone, Debug, Serialize)]
@@ -108,14 +113,40 @@ pub struct BenchReport {
     pub timer_overhead_ns: f64,
 }
 
-/// oneDNN's dtype name for an instruction's workload.
-fn onednn_dtype(id: &str) -> &'static str {
-    match id {
-        "amx.tdpbf16ps" | "avx512.vdpbf16ps" => "bf16",
-        "amx.tdpbusd" | "avx512.vpdpbusd" => "u8s8",
-        "amx.tdpbssd" => "s8s8",
+/// oneDNN's dtype name for a workload's operand types.
+fn onednn_dtype(w: &Workload) -> &'static str {
+    use tessel_ir::DType::*;
+    let t = w.types();
+    match (t.dtype, t.wdtype) {
+        (BF16, BF16) => "bf16",
+        (F16, F16) => "f16",
+        (U8, I8) => "u8s8",
+        (I8, I8) => "s8s8",
         _ => "f32",
     }
+}
+
+/// The most oneDNN may use beside an instruction (`ONEDNN_MAX_CPU_ISA`), so that a row
+/// compares like with like: on an AVX-512 machine, the AVX2 rows face oneDNN's AVX2 kernels.
+fn onednn_max_isa(id: &str) -> Option<&'static str> {
+    match id.split('.').next() {
+        Some("avx2") => Some("AVX2"),
+        Some("avxvnni") => Some("AVX2_VNNI"),
+        _ => None,
+    }
+}
+
+/// The GEMMs benchmarked on an instruction: its own types, and for the AVX2 f32 FMA also
+/// bf16 and f16 converted on packing (what an AVX2 machine runs 16-bit models with).
+fn bench_specs(id: &str, size: u64) -> Vec<String> {
+    let own = gemm_spec(id, size, size, size);
+    let mut v = vec![own.clone()];
+    if id == "avx2.vfmadd231ps" {
+        for t in ["bf16", "f16"] {
+            v.push(own.replace("dtype=f32", &format!("dtype={t}")));
+        }
+    }
+    v
 }
 
 /// Builds the oneDNN driver if Debian's libdnnl-dev is installed.
@@ -150,7 +181,13 @@ fn build_onednn(cache: &Path) -> Result<PathBuf, String> {
     Ok(exe)
 }
 
-fn run_onednn(exe: &Path, size: u64, dtype: &str, threads: usize) -> Result<(f64, String), String> {
+fn run_onednn(
+    exe: &Path,
+    size: u64,
+    dtype: &str,
+    threads: usize,
+    max_isa: Option<&str>,
+) -> Result<(f64, String), String> {
     if dtype == "s8s8" {
         return Err("oneDNN matmul takes u8 sources only".into());
     }
@@ -162,6 +199,11 @@ fn run_onednn(exe: &Path, size: u64, dtype: &str, threads: usize) -> Result<(f64
             dtype.to_string(),
         ])
         .env("OMP_NUM_THREADS", threads.to_string())
+        .envs(
+            max_isa
+                .into_iter()
+                .flat_map(|isa| [("ONEDNN_MAX_CPU_ISA", isa), ("DNNL_MAX_CPU_ISA", isa)]),
+        )
         .output()
         .map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&out.stdout).to_string();
@@ -224,13 +266,15 @@ pub fn bench_cpu(o: &BenchOptions, progress: &mut dyn Progress) -> Result<BenchR
             worker_exe: o.worker_exe.clone(),
             ..TargetOptions::default()
         })?;
-        for id in &ids {
-            let spec = gemm_spec(id, size, size, size);
+        for (id, spec) in ids
+            .iter()
+            .flat_map(|id| bench_specs(id, size).into_iter().map(move |s| (*id, s)))
+        {
             let w: Workload = spec.parse()?;
             let peak = peaks
                 .measured
                 .iter()
-                .find(|p| p.intrinsic == *id)
+                .find(|p| p.intrinsic == id)
                 .map(|p| p.gops);
             let mut row = BenchRow {
                 intrinsic: id.to_string(),
@@ -244,7 +288,7 @@ pub fn bench_cpu(o: &BenchOptions, progress: &mut dyn Progress) -> Result<BenchR
                 tessel_over_onednn: None,
                 note: String::new(),
             };
-            if let Some((_, why)) = peaks.skipped.iter().find(|s| s.0 == *id) {
+            if let Some((_, why)) = peaks.skipped.iter().find(|s| s.0 == id) {
                 row.note = format!("skipped: {why}");
             } else {
                 let trace = reference_gemm(&w, id, None).map_err(Error::Invalid)?;
@@ -256,7 +300,7 @@ pub fn bench_cpu(o: &BenchOptions, progress: &mut dyn Progress) -> Result<BenchR
                     Err(e) => row.note = format!("tessel: {e}"),
                 }
                 if let Ok(exe) = &onednn_exe {
-                    match run_onednn(exe, size, onednn_dtype(id), t) {
+                    match run_onednn(exe, size, onednn_dtype(&w), t, onednn_max_isa(id)) {
                         Ok((g, imp)) => {
                             row.onednn_gops = Some(g);
                             row.onednn_impl = Some(imp);

@@ -10,7 +10,9 @@ use tessel_intrin::Catalog;
 use tessel_ir::{DType, Workload, network};
 use tessel_measure::CostModel;
 use tessel_search::records::LogContents;
-use tessel_search::{RandomModel, RecordLog, SearchOptions, Task, Tuner, TuningRecord, read_log};
+use tessel_search::{
+    InstructionSet, RandomModel, RecordLog, SearchOptions, Task, Tuner, TuningRecord, read_log,
+};
 
 use crate::error::{Context, Error, Result, bail};
 use crate::learn::load_model;
@@ -87,6 +89,11 @@ pub struct TuneOptions {
     /// Share of each round's candidates drawn at random.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 0.2))]
     pub epsilon: f64,
+    /// Search only these CPU instructions (comma-separated): ids (`avx2.vpmaddwd`), families
+    /// (`avx2-int8`) or instruction-set prefixes (`avx2`, `avx512`, `amx`, `avxvnni`), as
+    /// oneDNN's max ISA does. Default: every instruction this CPU has.
+    #[cfg_attr(feature = "clap", arg(long, value_delimiter = ','))]
+    pub instructions: Vec<String>,
     /// The measurement worker executable (default: this program; see `serve_if_worker`).
     #[cfg_attr(feature = "clap", arg(skip))]
     pub worker_exe: Option<PathBuf>,
@@ -109,6 +116,7 @@ impl TuneOptions {
             population: 64,
             measure_batch: 16,
             epsilon: 0.2,
+            instructions: Vec::new(),
             worker_exe: None,
         }
     }
@@ -151,6 +159,8 @@ pub struct TuneReport {
     pub estimates: bool,
     /// The cost model's name.
     pub model: String,
+    /// The instructions the search could use (CPU; empty: vectorized loops only).
+    pub instructions: Vec<String>,
     /// Sum over tasks of weight x best latency, ms, when every task has a valid candidate.
     pub latency_ms: Option<f64>,
     /// Total FLOPs over that latency.
@@ -191,6 +201,51 @@ impl TuneReport {
     }
 }
 
+/// The CPU instructions `items` name (ids, families or instruction-set prefixes), each
+/// checked to run on this CPU.
+pub fn cpu_instructions(items: &[String]) -> Result<Vec<String>> {
+    let catalog = Catalog::default();
+    let host = tessel_intrin::HostCpu::detect();
+    let mut ids: Vec<String> = Vec::new();
+    for item in items {
+        let item = item.trim();
+        let hits: Vec<&str> = tessel_intrin::CPU_INSTRUCTIONS
+            .iter()
+            .copied()
+            .filter(|id| {
+                *id == item
+                    || id.split('.').next() == Some(item)
+                    || catalog.get(id).is_some_and(|i| i.family == item)
+            })
+            .collect();
+        if hits.is_empty() {
+            bail!(
+                "--instructions: `{}` is not a CPU instruction, family or prefix (instructions: {})",
+                item.escape_debug(),
+                tessel_intrin::CPU_INSTRUCTIONS.join(", ")
+            );
+        }
+        for id in hits {
+            if let Some(intr) = catalog.get(id)
+                && let tessel_intrin::Support::No(why) = host.supports(intr)
+            {
+                // A prefix may name instructions this CPU lacks; an exact id may not.
+                if id == item {
+                    bail!("--instructions: `{id}` cannot run on this CPU: {why}");
+                }
+                continue;
+            }
+            if !ids.iter().any(|i| i == id) {
+                ids.push(id.to_string());
+            }
+        }
+    }
+    if ids.is_empty() {
+        bail!("--instructions: this CPU runs none of {}", items.join(", "));
+    }
+    Ok(ids)
+}
+
 /// Tunes; appends every measured candidate to `opts.log` before learning from it.
 pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneReport> {
     // Load the model before anything slow, so a bad file fails at once.
@@ -213,7 +268,28 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
             ..TargetOptions::default()
         },
     )?;
-    let set = target.instruction_set();
+    let set = match (&opts.target, opts.instructions.as_slice()) {
+        (_, []) => target.instruction_set(),
+        (TargetSpec::Cpu, items) => InstructionSet::Only(cpu_instructions(items)?),
+        (other, _) => bail!("--instructions selects CPU instructions; the target is {other}"),
+    };
+    let searched: Vec<String> = match &set {
+        InstructionSet::Host => {
+            let host = tessel_intrin::HostCpu::detect();
+            let catalog = Catalog::default();
+            tessel_intrin::CPU_INSTRUCTIONS
+                .iter()
+                .filter(|id| {
+                    catalog
+                        .get(id)
+                        .is_some_and(|i| host.supports(i) == tessel_intrin::Support::Yes)
+                })
+                .map(|s| s.to_string())
+                .collect()
+        }
+        InstructionSet::Only(ids) => ids.clone(),
+        _ => Vec::new(),
+    };
     let (label, mut tasks) = match (&opts.workload, &opts.network) {
         (Some(w), None) => (w.to_string(), vec![Task::new(*w, 1, &set)]),
         (None, Some(name)) => {
@@ -338,6 +414,7 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
         compiler: fingerprint.compiler.clone(),
         estimates: target.is_estimate(),
         model: model_name,
+        instructions: searched,
         latency_ms: latency_s.map(|l| l * 1e3),
         gflops: latency_s.map(|l| flops / l / 1e9),
         percent_of_peak: percent,
@@ -494,6 +571,7 @@ mod tests {
             compiler: "cc".into(),
             estimates: false,
             model: "random".into(),
+            instructions: vec![],
             latency_ms: None,
             gflops: None,
             percent_of_peak: None,

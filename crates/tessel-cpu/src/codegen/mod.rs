@@ -84,6 +84,7 @@ pub fn c_type(t: DType) -> &'static str {
         DType::I8 => "int8_t",
         DType::U8 => "uint8_t",
         DType::I32 => "int32_t",
+        DType::I16 => "int16_t",
     }
 }
 
@@ -110,12 +111,14 @@ fn from_compute(v: &str, from: DType, to: DType) -> String {
         (DType::F32, DType::F32) | (DType::I32, DType::I32) => v.to_string(),
         (DType::F32, DType::I8) => format!("tsl_sat_i8({v})"),
         (DType::F32, DType::U8) => format!("tsl_sat_u8({v})"),
+        (DType::F32, DType::I16) => format!("tsl_sat_i16({v})"),
         (DType::F32, DType::I32) => format!("(int32_t)lroundf({v})"),
         (_, DType::F32) => format!("(float)({v})"),
         (_, DType::BF16) => format!("tsl_f32_to_bf16((float)({v}))"),
         (_, DType::F16) => format!("(_Float16)({v})"),
         (_, DType::I8) => format!("tsl_sat_i8_i32({v})"),
         (_, DType::U8) => format!("tsl_sat_u8_i32({v})"),
+        (_, DType::I16) => format!("tsl_sat_i16_i32({v})"),
         (_, _) => v.to_string(),
     }
 }

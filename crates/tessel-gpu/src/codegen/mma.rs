@@ -201,6 +201,7 @@ impl Emitter<'_> {
             DType::I8 => "signed char",
             DType::U8 => "unsigned char",
             DType::I32 => "int",
+            DType::I16 => "short",
         };
         format!(
             "wmma::fragment<wmma::{which}, {}, {}, {}, {ty}, wmma::{}>",

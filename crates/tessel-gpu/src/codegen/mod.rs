@@ -79,6 +79,7 @@ pub(crate) fn c_type(t: DType) -> &'static str {
         DType::I8 => "signed char",
         DType::U8 => "unsigned char",
         DType::I32 => "int",
+        DType::I16 => "short",
     }
 }
 

@@ -196,8 +196,22 @@ impl<'s> Lowering<'s> {
         let input = &self.op.inputs[o];
         let index: Vec<Expr> = input.indices.iter().map(|a| self.to_expr(a)).collect();
         let mut cur = BufferRef { buffer: o, index };
-        if let Some((_, layout, step)) = self.s.packs.iter().find(|(p, _, _)| *p == o) {
-            cur = self.pack(o, layout, *step, cur)?;
+        let pack = self.s.packs.iter().find(|(p, _, _)| *p == o).cloned();
+        let cast = self.s.casts.iter().find(|(c, _, _)| *c == o).copied();
+        match (pack, cast) {
+            (Some((_, layout, step)), cast) => {
+                cur = self.pack(o, &layout, step, cast.map(|c| c.1), cur)?;
+            }
+            (None, Some((_, dtype, step))) => {
+                // A cast alone is a pack in the tensor's own layout.
+                let rank = input.tensor.shape.len();
+                let identity = LayoutTransform {
+                    splits: Vec::new(),
+                    order: (0..rank).collect(),
+                };
+                cur = self.pack(o, &identity, step, Some(dtype), cur)?;
+            }
+            (None, None) => {}
         }
         let read_guards =
             self.guards_for((0..self.op.iter_vars.len()).filter(|&v| input.depends_on(v)));
@@ -225,12 +239,14 @@ impl<'s> Lowering<'s> {
         Ok(cur)
     }
 
-    /// Input `o` copied once, at the root, into `layout`; returns the packed reference.
+    /// Input `o` copied once, at the root, into `layout` (converted to `cast`, where given);
+    /// returns the packed reference.
     fn pack(
         &mut self,
         o: usize,
         layout: &LayoutTransform,
         step: usize,
+        cast: Option<DType>,
         cur: BufferRef,
     ) -> Result<BufferRef, ScheduleError> {
         let input = &self.op.inputs[o];
@@ -240,7 +256,7 @@ impl<'s> Lowering<'s> {
         let pb = self.add_buffer(Buffer {
             name: format!("{}_packed", input.tensor.name),
             shape: shape.clone(),
-            dtype: input.tensor.dtype,
+            dtype: cast.unwrap_or(input.tensor.dtype),
             scope: Scope::global(),
             role: BufferRole::Packed { operand: o },
         });
@@ -311,7 +327,8 @@ impl<'s> Lowering<'s> {
                 c.scope.as_str().replace('.', "_")
             ),
             shape: copy_loops.iter().map(|&j| self.vars[j].extent).collect(),
-            dtype: input.tensor.dtype,
+            // What the cache copies: the input, or its converted pack.
+            dtype: self.buffers[cur.buffer].dtype,
             scope: c.scope.clone(),
             role: BufferRole::Cache { operand: o, level },
         });

@@ -6,6 +6,7 @@ use crate::ast::{
     Buffer, BufferRef, BufferRole, Expr, For, Guard, LoopKind, LoopVar, Program, Stmt,
     TensorizedCall,
 };
+use crate::dtype::DType;
 use crate::error::ScheduleError;
 use crate::op::{AffineExpr, ComputeOp, Epilogue, IterKind};
 use crate::trace::{GpuAxis, IntrinsicResolver, LayoutTransform, Scope, Step, Trace};
@@ -79,6 +80,8 @@ pub struct Schedule {
     loops: Vec<LoopState>,
     caches: Vec<CacheStage>,
     packs: Vec<(usize, LayoutTransform, usize)>,
+    /// Inputs converted on their root copy: (input, type, step).
+    casts: Vec<(usize, DType, usize)>,
     cache_write: Option<(Scope, Option<String>, usize)>,
     tensorize: Option<Tensorization>,
 }
@@ -142,9 +145,18 @@ impl Schedule {
             loops,
             caches: Vec::new(),
             packs: Vec::new(),
+            casts: Vec::new(),
             cache_write: None,
             tensorize: None,
         })
+    }
+
+    /// The element type input `o` reaches the computation in: its cast, else its own.
+    pub fn input_dtype(&self, o: usize) -> DType {
+        self.casts
+            .iter()
+            .find(|(i, _, _)| *i == o)
+            .map_or(self.op.inputs[o].tensor.dtype, |c| c.1)
     }
 
     pub fn op(&self) -> &ComputeOp {
@@ -419,6 +431,24 @@ impl Schedule {
                 layout.packed_shape(&input.tensor.shape)?;
                 self.packs.push((*operand, layout.clone(), index));
             }
+            Step::Cast { operand, dtype } => {
+                let Some(input) = self.op.inputs.get(*operand) else {
+                    return Err(format!("the operator has no input {operand}"));
+                };
+                if self.casts.iter().any(|(o, _, _)| o == operand) {
+                    return Err(format!("input {operand} is already cast"));
+                }
+                if self.caches.iter().any(|c| c.operand == *operand) {
+                    return Err(format!("cast input {operand} before caching it"));
+                }
+                let from = input.tensor.dtype;
+                if !from.widens_exactly_to(*dtype) {
+                    return Err(format!(
+                        "input {operand} is {from}, which does not widen exactly to {dtype}"
+                    ));
+                }
+                self.casts.push((*operand, *dtype, index));
+            }
             Step::Tensorize {
                 intrinsic,
                 bindings,
@@ -519,10 +549,11 @@ impl Schedule {
         // the loops bound to the instruction variables that index it.
         for (i, &o) in operands.iter().enumerate() {
             let input = &self.op.inputs[o];
-            if sem.inputs[i].tensor.dtype != input.tensor.dtype {
+            let dtype = self.input_dtype(o);
+            if sem.inputs[i].tensor.dtype != dtype {
                 return Err(format!(
-                    "`{intrinsic}` input {i} is {}, operator input `{}` is {}",
-                    sem.inputs[i].tensor.dtype, input.tensor.name, input.tensor.dtype
+                    "`{intrinsic}` input {i} is {}, operator input `{}` is {dtype}",
+                    sem.inputs[i].tensor.dtype, input.tensor.name
                 ));
             }
             for &(u, p) in &bound {

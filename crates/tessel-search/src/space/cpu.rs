@@ -74,6 +74,8 @@ impl Space {
         let m = &self.mappings[mapping];
         let (intr, map) = (m.intrinsic, &m.mapping);
         let mut t = Trace::new();
+        // Convert-on-pack first: operands the instruction takes in a wider type.
+        map.cast_steps(&mut t);
         let outer: Vec<&str> = map.outer.iter().map(String::as_str).collect();
         let fused = map.fuse_dims(&mut t, &outer);
         let (fm, fnn, fk) = (&fused[0], &fused[1], &fused[2]);

@@ -157,6 +157,17 @@ impl Space {
             }
             match match_op(op, intr) {
                 Ok(mut ms) => {
+                    if matches!(set, InstructionSet::Gpu { .. }) {
+                        // The GPU generator emits no packing kernels, so no conversions.
+                        ms.retain(|m| !m.converts());
+                        if ms.is_empty() {
+                            skipped.push((
+                                id.clone(),
+                                "needs a type conversion on the way in, which the GPU code generator does not emit".into(),
+                            ));
+                            continue;
+                        }
+                    }
                     ms.sort_by(|a, b| promise(op, a).total_cmp(&promise(op, b)));
                     mappings.extend(ms.into_iter().take(MAX_MAPPINGS_PER_INSTRUCTION).map(
                         |mapping| SpaceMapping {
