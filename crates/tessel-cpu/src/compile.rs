@@ -29,6 +29,9 @@ pub struct Library {
 #[derive(Clone, Debug)]
 pub struct Compiler {
     cc: String,
+    /// `-march=` value: `native`, or `$TESSEL_MARCH` (e.g. `znver3` to generate code for an
+    /// AVX2-only machine while running on an AVX-512 one).
+    march: String,
     version: String,
     cache_dir: PathBuf,
     timeout: Duration,
@@ -68,12 +71,27 @@ impl Compiler {
                 cc: cc.clone(),
                 source,
             })?;
-        let version = String::from_utf8_lossy(&out.stdout)
+        let mut version = String::from_utf8_lossy(&out.stdout)
             .lines()
             .next()
             .unwrap_or("unknown")
             .trim()
             .to_string();
+        let march = match std::env::var("TESSEL_MARCH") {
+            Ok(m) if m.is_empty() || m == "native" => "native".to_string(),
+            Ok(m) => {
+                let ok = m
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+                if !ok || m.starts_with('-') {
+                    return Err(CompileError::BadMarch { value: m });
+                }
+                // Records carry the compiler line: say that code was built for another CPU.
+                version.push_str(&format!(" [-march={m}]"));
+                m
+            }
+            Err(_) => "native".to_string(),
+        };
         let cache_dir = cache_dir.into();
         std::fs::create_dir_all(&cache_dir).map_err(|source| CompileError::Io {
             path: cache_dir.clone(),
@@ -81,6 +99,7 @@ impl Compiler {
         })?;
         Ok(Compiler {
             cc,
+            march,
             version,
             cache_dir,
             timeout: DEFAULT_COMPILE_TIMEOUT,
@@ -111,10 +130,15 @@ impl Compiler {
 
     /// Flags for a module whose kernels need `features`.
     pub fn flags(&self, features: &BTreeSet<String>, mode: Mode) -> Vec<String> {
-        let mut f: Vec<String> = ["-march=native", "-fPIC", "-shared", "-fopenmp"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let mut f: Vec<String> = [
+            format!("-march={}", self.march).as_str(),
+            "-fPIC",
+            "-shared",
+            "-fopenmp",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         match mode {
             Mode::Native => {
                 f.insert(0, "-O3".into());

@@ -24,6 +24,8 @@ pub enum CompileError {
     Rejected { path: PathBuf, stderr: String },
     #[error("the C compiler took more than {seconds} s on {path}; killed")]
     Timeout { path: PathBuf, seconds: f64 },
+    #[error("TESSEL_MARCH=`{value}` is not a -march value (letters, digits, `-`, `_`, `.`)")]
+    BadMarch { value: String },
     #[error("cache directory {path}: {source}")]
     Io {
         path: PathBuf,

@@ -37,14 +37,21 @@ fn body(id: &str) -> Option<(&'static str, &'static str)> {
              float s[8]; __m256 t = c[0]; for (int i = 1; i < 12; i++) t = _mm256_add_ps(t, c[i]); _mm256_storeu_ps(s, t); sink += s[0];",
             "12 * 8 * 2",
         ),
-        // The empty asm makes `a` opaque before each product, so the compiler cannot hoist
-        // the loop-invariant vpmaddwd out of the loop and leave only the adds.
+        // The kernels' own vpmaddwd + vpaddd pair (the prelude's asm): as intrinsics, gcc
+        // hoists the loop-invariant product out of the loop, or spills on 16 ymm registers.
         "avx2.vpmaddwd" => (
             "__m256i c[12]; for (int i = 0; i < 12; i++) c[i] = _mm256_set1_epi32(i);
              __m256i a = _mm256_set1_epi32(0x00010001), b = _mm256_set1_epi32(0x00010001);
-             for (long it = 0; it < iters; it++) { for (int i = 0; i < 12; i++) { __asm__(\"\" : \"+x\"(a)); c[i] = _mm256_add_epi32(c[i], _mm256_madd_epi16(a, b)); } }
+             for (long it = 0; it < iters; it++) { for (int i = 0; i < 12; i++) c[i] = tsl_madd_add(c[i], a, b); }
              int32_t s[8]; __m256i t = c[0]; for (int i = 1; i < 12; i++) t = _mm256_add_epi32(t, c[i]); _mm256_storeu_si256((__m256i *)s, t); sink += s[0];",
             "12 * 8 * 2 * 2",
+        ),
+        "avx2.vpmaddubsw" => (
+            "__m256i c[12]; for (int i = 0; i < 12; i++) c[i] = _mm256_set1_epi32(i);
+             __m256i a = _mm256_set1_epi32(0x01010101), b = _mm256_set1_epi32(0x01010101);
+             for (long it = 0; it < iters; it++) { for (int i = 0; i < 12; i++) c[i] = tsl_maddubs_add(c[i], a, b); }
+             int32_t s[8]; __m256i t = c[0]; for (int i = 1; i < 12; i++) t = _mm256_add_epi32(t, c[i]); _mm256_storeu_si256((__m256i *)s, t); sink += s[0];",
+            "12 * 8 * 4 * 2",
         ),
         "avxvnni.vpdpbusd" => (
             "__m256i c[12]; for (int i = 0; i < 12; i++) c[i] = _mm256_set1_epi32(i);

@@ -139,9 +139,8 @@ pub use tessel_intrin::CPU_INSTRUCTIONS;
 pub fn gemm_spec(id: &str, m: u64, n: u64, k: u64) -> String {
     let types = match id {
         "amx.tdpbf16ps" | "avx512.vdpbf16ps" => "dtype=bf16",
-        "amx.tdpbusd" | "avx512.vpdpbusd" | "avxvnni.vpdpbusd" | "avx2.vpmaddwd" => {
-            "dtype=u8,wdtype=i8"
-        }
+        "amx.tdpbusd" | "avx512.vpdpbusd" | "avxvnni.vpdpbusd" | "avx2.vpmaddwd"
+        | "avx2.vpmaddubsw" => "dtype=u8,wdtype=i8",
         "amx.tdpbssd" => "dtype=i8",
         _ => "dtype=f32",
     };

@@ -201,16 +201,17 @@ fn tensor_core(
     }
 }
 
-/// `vpmaddubsw` then `vpmaddwd` by ones: u8 x i8 with four products per i32 lane, twice the
-/// work of `vpmaddwd` per instruction, but the first step adds two products into a
-/// *saturating* i16 (255 x 127 x 2 > 32767), so it is exact only when the values are known to
-/// be small (e.g. 7-bit activations). Described, not generated: tessel does not know value
-/// ranges, and a silently wrong result is worse than a slower exact one.
+/// `vpmaddubsw` then `vpmaddwd` by ones: u8 x i8 with four products per i32 lane, one vector
+/// op fewer per 32 products than `vpmaddwd` + `vpaddd` and half the bytes (no widening), but
+/// the first step adds two products into a *saturating* i16 (255 x 127 x 2 > 32767), so it is
+/// exact only for small values (7-bit activations, or weights in [-64, 63]). This is what
+/// oneDNN runs for u8 x s8 on AVX2, saturation included. tessel does not know value ranges:
+/// the instruction is opt-in (`OPT_IN_INSTRUCTIONS`), searched only when named.
 fn vpmaddubsw() -> Intrinsic {
     let mut i = avx(
         "avx2.vpmaddubsw",
         "vpmaddubsw + vpmaddwd + vpaddd ymm",
-        "avx2-int8",
+        "avx2-int8-saturating",
         256,
         8,
         4,
@@ -221,9 +222,7 @@ fn vpmaddubsw() -> Intrinsic {
         64.0,
         Some(10),
     );
-    i.description_only = true;
-    i.note =
-        "saturates at 16 bits: exact only for value ranges tessel does not know, so not generated";
+    i.note = "opt-in: the u8 x i8 pair sums saturate at 16 bits (exact only for 7-bit activations or weights in [-64, 63]), as oneDNN's AVX2 int8 does";
     i
 }
 

@@ -38,4 +38,6 @@ pub use desc::{
 };
 pub use host::{HostCpu, Support};
 pub use matching::{DimAssignment, Mapping, MatchError, OperandTransform, TransformKind, match_op};
-pub use platform::{CPU_INSTRUCTIONS, CPU_PLATFORMS, CpuPlatform, UnknownPlatform};
+pub use platform::{
+    CPU_INSTRUCTIONS, CPU_PLATFORMS, CpuPlatform, OPT_IN_INSTRUCTIONS, UnknownPlatform,
+};

@@ -4,7 +4,7 @@
 use crate::{Catalog, HostCpu, Support};
 
 /// Instruction ids the CPU code generator supports, in the order benchmarks report them.
-pub const CPU_INSTRUCTIONS: [&str; 9] = [
+pub const CPU_INSTRUCTIONS: [&str; 10] = [
     "amx.tdpbf16ps",
     "amx.tdpbusd",
     "amx.tdpbssd",
@@ -12,9 +12,15 @@ pub const CPU_INSTRUCTIONS: [&str; 9] = [
     "avx512.vdpbf16ps",
     "avx512.vfmadd231ps",
     "avxvnni.vpdpbusd",
+    "avx2.vpmaddubsw",
     "avx2.vpmaddwd",
     "avx2.vfmadd231ps",
 ];
+
+/// Instructions whose results depend on value ranges (`avx2.vpmaddubsw` saturates): generated
+/// and benchmarked, but searched only when named (`tune --instructions avx2.vpmaddubsw`),
+/// never by default, so that a default tune is always exact.
+pub const OPT_IN_INSTRUCTIONS: [&str; 1] = ["avx2.vpmaddubsw"];
 
 /// A CPU measurement platform: the instructions a dataset may use and its element type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,6 +83,13 @@ pub const CPU_PLATFORMS: &[CpuPlatform] = &[
     CpuPlatform {
         name: "avx2-int8",
         instructions: &["avx2.vpmaddwd"],
+        dtype: "u8",
+        wdtype: Some("i8"),
+    },
+    // The saturating vpmaddubsw path (opt-in; what oneDNN runs on AVX2).
+    CpuPlatform {
+        name: "avx2-int8-saturating",
+        instructions: &["avx2.vpmaddubsw"],
         dtype: "u8",
         wdtype: Some("i8"),
     },

@@ -374,8 +374,28 @@ impl<'a> Tuner<'a> {
             pool = ranked.into_iter().map(|r| r.1).collect();
         }
         let n_random = ((n as f64) * self.opts.epsilon).round() as usize;
-        let mut batch: Vec<Proposal> = pool.into_iter().take(n - n_random.min(n)).collect();
-        let mut keys: HashSet<String> = batch.iter().map(|p| p.trace.to_json()).collect();
+        // The first batch of a task starts with the space's known-good seeds (at most half).
+        let mut batch: Vec<Proposal> = Vec::new();
+        let mut keys: HashSet<String> = HashSet::new();
+        if task.measured.is_empty() {
+            for s in task.space.seeds().into_iter().take(n / 2) {
+                if let Some(p) = self.valid(task, s)
+                    && keys.insert(p.trace.to_json())
+                {
+                    batch.push(p);
+                }
+            }
+        }
+        // Then the model's best, up to the share not drawn at random.
+        let ranked_share = n - n_random.min(n);
+        for p in pool {
+            if batch.len() >= ranked_share {
+                break;
+            }
+            if keys.insert(p.trace.to_json()) {
+                batch.push(p);
+            }
+        }
         for p in self.random_valid(task, 4 * n) {
             if batch.len() >= n {
                 break;

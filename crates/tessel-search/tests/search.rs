@@ -130,6 +130,33 @@ fn capacity_checks_reject_register_blocks_that_do_not_fit() {
     assert!(e.contains("8 accumulators"), "{e}");
 }
 
+#[test]
+fn seeds_are_the_classic_gemm_on_each_instruction_and_pass_the_checks() {
+    let op = "gemm:m=96,n=64,k=128,dtype=u8,wdtype=i8"
+        .parse::<Workload>()
+        .unwrap()
+        .to_op();
+    let set = InstructionSet::Only(vec!["avx512.vpdpbusd".into(), "avx2.vpmaddwd".into()]);
+    let space = Space::new(&op, &set);
+    let seeds = space.seeds();
+    assert_eq!(seeds.len(), 2, "one per instruction");
+    let inputs = op.random_inputs(0);
+    let want = op.reference(&inputs).unwrap();
+    for s in &seeds {
+        space.check(s).unwrap();
+        let (trace, program) = space.lower(s).unwrap();
+        assert_eq!(program.run(&inputs).unwrap().max_relative_error(&want), 0.0);
+        let Sketch::Tensorized { mr, nr, kc, .. } = s else {
+            panic!("{s:?}")
+        };
+        let intr = space.intrinsic(s).unwrap();
+        // The biggest dividing register block the file holds, a 512-element (or whole) k block.
+        let want_block = if intr.registers >= 32 { (6, 4) } else { (6, 2) };
+        assert_eq!((*mr, *nr), want_block, "{trace}");
+        assert_eq!(kc * intr.k, 128);
+    }
+}
+
 /// A sampled schedule and two mutations of it, where they lower, compute what the reference
 /// computes (tessel-ir's interpreter runs the instructions' semantics) within `tolerance`.
 fn sampled_and_mutated_schedules_agree(

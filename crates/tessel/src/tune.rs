@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use tessel_intrin::Catalog;
-use tessel_ir::{DType, Workload, network};
+use tessel_ir::{DType, Workload};
 use tessel_measure::CostModel;
 use tessel_search::records::LogContents;
 use tessel_search::{
@@ -60,6 +60,10 @@ pub struct TuneOptions {
     /// Network element type.
     #[cfg_attr(feature = "clap", arg(long, default_value = "bf16"))]
     pub dtype: DType,
+    /// Network weights' element type (default: `--dtype`); `--dtype u8 --wdtype i8` is the
+    /// usual int8 quantization.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub wdtype: Option<DType>,
     /// `cpu` (measured here), `gpu` (measured, `cuda` feature) or `sim:NAME`, the analytical
     /// model of a GPU (v100, t4, a10, a100, l4, h100, h200, rtx4090): estimates.
     #[cfg_attr(feature = "clap", arg(long, default_value = "cpu"))]
@@ -107,6 +111,7 @@ impl TuneOptions {
             network: None,
             batch: 1,
             dtype: DType::BF16,
+            wdtype: None,
             target: TargetSpec::Cpu,
             trials: 64,
             model: ModelChoice::Shipped,
@@ -209,13 +214,16 @@ pub fn cpu_instructions(items: &[String]) -> Result<Vec<String>> {
     let mut ids: Vec<String> = Vec::new();
     for item in items {
         let item = item.trim();
+        let family = |id: &str| catalog.get(id).map_or("", |i| i.family);
         let hits: Vec<&str> = tessel_intrin::CPU_INSTRUCTIONS
             .iter()
             .copied()
             .filter(|id| {
-                *id == item
-                    || id.split('.').next() == Some(item)
-                    || catalog.get(id).is_some_and(|i| i.family == item)
+                // An opt-in (saturating) instruction only by its own id or family.
+                let named = *id == item || family(id) == item;
+                named
+                    || (!tessel_intrin::OPT_IN_INSTRUCTIONS.contains(id)
+                        && id.split('.').next() == Some(item))
             })
             .collect();
         if hits.is_empty() {
@@ -257,6 +265,11 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
         ModelChoice::File(path) => Some((path.display().to_string(), load_model(path)?)),
     };
     check_search_options(opts)?;
+    if opts.wdtype.is_some() && opts.workload.is_some() {
+        bail!(
+            "--wdtype sets a network's weight type; a workload spec carries its own (wdtype=...)"
+        );
+    }
     if let Some(w) = &opts.workload {
         w.validate().with_context(|| format!("workload `{w}`"))?;
     }
@@ -279,6 +292,7 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
             let catalog = Catalog::default();
             tessel_intrin::CPU_INSTRUCTIONS
                 .iter()
+                .filter(|id| !tessel_intrin::OPT_IN_INSTRUCTIONS.contains(id))
                 .filter(|id| {
                     catalog
                         .get(id)
@@ -290,10 +304,24 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
         InstructionSet::Only(ids) => ids.clone(),
         _ => Vec::new(),
     };
+    let catalog = Catalog::default();
+    for id in searched
+        .iter()
+        .filter(|id| tessel_intrin::OPT_IN_INSTRUCTIONS.contains(&id.as_str()))
+    {
+        let note = catalog.get(id).map_or("", |i| i.note);
+        progress.note(&format!(
+            "note: {id} is opt-in and inexact beyond small values: {note}"
+        ));
+    }
     let (label, mut tasks) = match (&opts.workload, &opts.network) {
         (Some(w), None) => (w.to_string(), vec![Task::new(*w, 1, &set)]),
         (None, Some(name)) => {
-            let net = network(name, opts.batch, opts.dtype)?;
+            let types = tessel_ir::Types {
+                dtype: opts.dtype,
+                wdtype: opts.wdtype.unwrap_or(opts.dtype),
+            };
+            let net = tessel_ir::network_with_types(name, opts.batch, types)?;
             let tasks = net
                 .tasks()
                 .into_iter()

@@ -162,6 +162,97 @@ fn tune_logs_every_trial_and_its_best_becomes_c() {
 }
 
 #[test]
+fn narrow_types_tune_through_convert_on_pack_on_the_avx2_instructions() {
+    let host = tessel::intrin::HostCpu::detect();
+    for (spec, family, instruction, convert) in [
+        // A ResNet-style int8 3x3 conv: u8 x i8 widened to i16 for vpmaddwd.
+        (
+            "conv2d:n=1,h=8,w=8,c=16,k=16,r=3,s=3,pad=1,dtype=u8,wdtype=i8",
+            "avx2-int8",
+            "avx2.vpmaddwd",
+            "to i16",
+        ),
+        // bf16 converted to f32 for the FMA.
+        (
+            "gemm:m=32,n=32,k=32,dtype=bf16",
+            "avx2-fma",
+            "avx2.vfmadd231ps",
+            "to f32",
+        ),
+    ] {
+        let opts = TuneOptions {
+            trials: 4,
+            measure_batch: 4,
+            population: 16,
+            model: ModelChoice::Random,
+            instructions: vec![family.into()],
+            worker_exe: worker(),
+            ..TuneOptions::workload(spec.parse().unwrap())
+        };
+        if !host.has("avx2") {
+            let e = tessel::tune(&opts, &mut NoProgress)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("--instructions"), "{e}");
+            continue;
+        }
+        let report = tessel::tune(&opts, &mut NoProgress).unwrap();
+        assert_eq!(report.instructions, vec![instruction.to_string()]);
+        let mapping = report.tasks[0].mapping.clone().unwrap_or_default();
+        // Random schedules may all fall back to plain loops: only a mapping must convert.
+        if !mapping.is_empty() {
+            assert!(
+                mapping.starts_with(instruction) && mapping.contains(convert),
+                "{mapping}"
+            );
+        }
+        assert!(report.tasks[0].gflops.is_some(), "{report:?}");
+    }
+    // The saturating vpmaddubsw is searched only when named: not by default, not by prefix.
+    if host.has("avx2") {
+        let named = |items: &[&str]| {
+            tessel::cpu_instructions(&items.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap()
+        };
+        assert!(!named(&["avx2"]).contains(&"avx2.vpmaddubsw".to_string()));
+        assert_eq!(named(&["avx2-int8-saturating"]), vec!["avx2.vpmaddubsw"]);
+        let opts = TuneOptions {
+            trials: 2,
+            measure_batch: 2,
+            population: 8,
+            model: ModelChoice::Random,
+            worker_exe: worker(),
+            ..TuneOptions::workload("dense:m=16,n=16,k=16,dtype=u8,wdtype=i8".parse().unwrap())
+        };
+        let default = tessel::tune(&opts, &mut NoProgress).unwrap();
+        assert!(!default.instructions.iter().any(|i| i == "avx2.vpmaddubsw"));
+        let opted = TuneOptions {
+            instructions: vec!["avx2.vpmaddubsw".into()],
+            ..opts
+        };
+        let report = tessel::tune(&opted, &mut NoProgress).unwrap();
+        assert_eq!(report.instructions, vec!["avx2.vpmaddubsw".to_string()]);
+        assert!(report.tasks[0].gflops.is_some(), "{report:?}");
+    }
+    // Names that are no instruction, and instructions this CPU lacks, are refused.
+    let bad = TuneOptions {
+        instructions: vec!["avx3".into()],
+        worker_exe: worker(),
+        ..TuneOptions::workload("gemm:m=8,n=8,k=8,dtype=f32".parse().unwrap())
+    };
+    let e = tessel::tune(&bad, &mut NoProgress).unwrap_err().to_string();
+    assert!(e.contains("`avx3`") && e.contains("avx2.vpmaddwd"), "{e}");
+    if !host.has("amx_tile") {
+        let amx = TuneOptions {
+            instructions: vec!["amx.tdpbf16ps".into()],
+            ..bad
+        };
+        let e = tessel::tune(&amx, &mut NoProgress).unwrap_err().to_string();
+        assert!(e.contains("cannot run on this CPU"), "{e}");
+    }
+}
+
+#[test]
 fn bad_options_are_errors_that_name_them() {
     let w = "gemm:m=8,n=8,k=8,dtype=f32".parse().unwrap();
     let zero_trials = TuneOptions {

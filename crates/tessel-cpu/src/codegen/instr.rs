@@ -18,6 +18,8 @@ pub(super) enum Family {
     Avx2Madd,
     /// AVX-VNNI's ymm `vpdpbusd`: u8 x i8 quads into i32.
     AvxVnni,
+    /// `vpmaddubsw` + `vpmaddwd` by ones + `vpaddd`: u8 x i8 quads, saturating at 16 bits.
+    Avx2Maddubs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,6 +134,7 @@ pub(super) fn instr_of<'c>(catalog: &'c Catalog, id: &str) -> Result<Instr<'c>, 
         "avx512.vdpbf16ps" => (Family::Avx512Bf16, 2),
         "avx2.vfmadd231ps" => (Family::Avx2Fma, 1),
         "avx2.vpmaddwd" => (Family::Avx2Madd, 2),
+        "avx2.vpmaddubsw" => (Family::Avx2Maddubs, 4),
         "avxvnni.vpdpbusd" => (Family::AvxVnni, 4),
         other => {
             return Err(CodegenError::Unsupported {
@@ -151,7 +154,9 @@ pub(super) fn vector_types(f: Family) -> (&'static str, &'static str, &'static s
     match f {
         Family::Avx512Vnni => ("__m512i", "_mm512_loadu_si512", "_mm512_storeu_si512"),
         Family::Avx2Fma => ("__m256", "_mm256_loadu_ps", "_mm256_storeu_ps"),
-        Family::Avx2Madd | Family::AvxVnni => ("__m256i", "tsl_loadu_256i", "tsl_storeu_256i"),
+        Family::Avx2Madd | Family::AvxVnni | Family::Avx2Maddubs => {
+            ("__m256i", "tsl_loadu_256i", "tsl_storeu_256i")
+        }
         _ => ("__m512", "_mm512_loadu_ps", "_mm512_storeu_ps"),
     }
 }
@@ -161,7 +166,7 @@ pub(super) fn operand_types(f: Family) -> (&'static str, &'static str) {
         Family::Avx512Vnni => ("__m512i", "__m512i"),
         Family::Avx512Bf16 => ("__m512bh", "__m512bh"),
         Family::Avx2Fma => ("__m256", "__m256"),
-        Family::Avx2Madd | Family::AvxVnni => ("__m256i", "__m256i"),
+        Family::Avx2Madd | Family::AvxVnni | Family::Avx2Maddubs => ("__m256i", "__m256i"),
         _ => ("__m512", "__m512"),
     }
 }
@@ -172,7 +177,9 @@ pub(super) fn bcast(f: Family, p: &str) -> String {
         Family::Avx512Vnni => format!("_mm512_set1_epi32(tsl_load_i32({p}))"),
         Family::Avx512Bf16 => format!("tsl_bcast_bf16x2({p})"),
         Family::Avx2Fma => format!("_mm256_set1_ps(*({p}))"),
-        Family::Avx2Madd | Family::AvxVnni => format!("_mm256_set1_epi32(tsl_load_i32({p}))"),
+        Family::Avx2Madd | Family::AvxVnni | Family::Avx2Maddubs => {
+            format!("_mm256_set1_epi32(tsl_load_i32({p}))")
+        }
         _ => format!("_mm512_set1_ps(*({p}))"),
     }
 }
@@ -182,7 +189,7 @@ pub(super) fn vload(f: Family, p: &str) -> String {
         Family::Avx512Vnni => format!("_mm512_loadu_si512({p})"),
         Family::Avx512Bf16 => format!("tsl_load_bf16x32({p})"),
         Family::Avx2Fma => format!("_mm256_loadu_ps({p})"),
-        Family::Avx2Madd | Family::AvxVnni => format!("tsl_loadu_256i({p})"),
+        Family::Avx2Madd | Family::AvxVnni | Family::Avx2Maddubs => format!("tsl_loadu_256i({p})"),
         _ => format!("_mm512_loadu_ps({p})"),
     }
 }
@@ -194,6 +201,7 @@ pub(super) fn vector_op(f: Family, c: &str, a: &str, b: &str) -> String {
         Family::Avx2Fma => format!("_mm256_fmadd_ps({a}, {b}, {c})"),
         Family::Avx2Madd => format!("tsl_madd_add({c}, {a}, {b})"),
         Family::AvxVnni => format!("_mm256_dpbusd_avx_epi32({c}, {a}, {b})"),
+        Family::Avx2Maddubs => format!("tsl_maddubs_add({c}, {a}, {b})"),
         _ => format!("_mm512_fmadd_ps({a}, {b}, {c})"),
     }
 }

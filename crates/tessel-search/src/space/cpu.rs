@@ -33,6 +33,45 @@ impl Space {
         }
     }
 
+    /// The classic GEMM shape on `mapping` (GotoBLAS, oneDNN's brgemm, and tessel-cpu's
+    /// reference schedules): the largest register block whose tiles divide the mapping,
+    /// a 512-element k block, columns outermost, B packed, parallel, accumulators local and
+    /// unrolled. A known-good starting point for the search, which the model may not yet rank
+    /// first on an instruction it has few records of.
+    pub(super) fn classic_tensorized(&self, mapping: usize) -> Sketch {
+        let m = &self.mappings[mapping];
+        let intr = m.intrinsic;
+        let tiles = |d: usize, ext: u64| m.mapping.dims[d].extent.div_ceil(ext);
+        let (mt, nt, kt) = (tiles(0, intr.m), tiles(1, intr.n), tiles(2, intr.k));
+        let amx = intr.id.starts_with("amx");
+        let budget = if amx { 4 } else { max_accumulators(intr) };
+        let max_nr = if amx || intr.registers < 32 { 2 } else { 4 };
+        let mut best = (1u64, 1u64);
+        for nr in (1..=max_nr).rev() {
+            for mr in (1..=(budget / nr).min(8)).rev() {
+                if mt.is_multiple_of(mr) && nt.is_multiple_of(nr) && mr * nr > best.0 * best.1 {
+                    best = (mr, nr);
+                }
+            }
+        }
+        let kc = (0..=9)
+            .map(|p| 1u64 << (9 - p))
+            .find(|&c| c * intr.k <= 512 && kt.is_multiple_of(c))
+            .unwrap_or(1);
+        Sketch::Tensorized {
+            mapping,
+            mr: best.0,
+            nr: best.1,
+            kc,
+            order: 0,
+            pack_b: true,
+            cache_a: None,
+            parallel: true,
+            local_acc: true,
+            unroll: true,
+        }
+    }
+
     pub(super) fn sample_scalar(&self, rng: &mut Rng) -> Sketch {
         let tiles = self
             .spatial()

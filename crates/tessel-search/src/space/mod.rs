@@ -139,7 +139,12 @@ impl Space {
         let mut mappings = Vec::new();
         let mut skipped = Vec::new();
         let ids: Vec<String> = match set {
-            InstructionSet::Host => CPU_INSTRUCTIONS.iter().map(|s| s.to_string()).collect(),
+            // Opt-in instructions (results that depend on value ranges) only when named.
+            InstructionSet::Host => CPU_INSTRUCTIONS
+                .iter()
+                .filter(|id| !tessel_intrin::OPT_IN_INSTRUCTIONS.contains(id))
+                .map(|s| s.to_string())
+                .collect(),
             InstructionSet::Only(ids) => ids.clone(),
             InstructionSet::None => Vec::new(),
             InstructionSet::Gpu { cc } => gpu::gpu_instructions(catalog, *cc),
@@ -246,6 +251,23 @@ impl Space {
             return self.sample_scalar(rng);
         }
         self.sample_tensorized(choice, rng)
+    }
+
+    /// Known-good sketches to measure first: the classic GEMM shape on the most promising
+    /// mapping of each instruction (CPU spaces; none on a GPU).
+    pub fn seeds(&self) -> Vec<Sketch> {
+        if self.gpu {
+            return Vec::new();
+        }
+        let mut seen = Vec::new();
+        let mut out = Vec::new();
+        for (i, m) in self.mappings.iter().enumerate() {
+            if !seen.contains(&m.intrinsic.id) {
+                seen.push(m.intrinsic.id);
+                out.push(self.classic_tensorized(i));
+            }
+        }
+        out
     }
 
     /// A neighbour: one parameter changed (occasionally a different mapping).
