@@ -82,6 +82,26 @@ fn out_of_range_options_are_refused_before_any_work() {
             "measure-batch",
         ),
         (
+            vec!["tune", "--workload", w, "--instructions", "avx9"],
+            "`avx9` is not a CPU instruction",
+        ),
+        (
+            vec!["tune", "--workload", w, "--wdtype", "i8"],
+            "--wdtype sets a network's weight type",
+        ),
+        (
+            vec![
+                "tune",
+                "--workload",
+                w,
+                "--target",
+                "sim:a100",
+                "--instructions",
+                "avx2",
+            ],
+            "--instructions selects CPU instructions",
+        ),
+        (
             vec!["measure", "--workload", w, "--threads", "0"],
             "threads",
         ),

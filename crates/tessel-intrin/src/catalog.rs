@@ -219,7 +219,9 @@ fn vpmaddubsw() -> Intrinsic {
         DType::I8,
         DType::I32,
         vec!["avx2"],
-        64.0,
+        // Two multiplies (vpmaddubsw, vpmaddwd) per 32 products, on the same two ports as
+        // vpmaddwd: 32 per cycle like it, with one add fewer and half the bytes.
+        32.0,
         Some(10),
     );
     i.note = "opt-in: the u8 x i8 pair sums saturate at 16 bits (exact only for 7-bit activations or weights in [-64, 63]), as oneDNN's AVX2 int8 does";

@@ -179,6 +179,9 @@ impl fmt::Display for Intrinsic {
         if self.description_only {
             write!(f, " [description only]")?;
         }
+        if crate::OPT_IN_INSTRUCTIONS.contains(&self.id) {
+            write!(f, " [opt-in: {}]", self.note)?;
+        }
         Ok(())
     }
 }
