@@ -94,11 +94,12 @@ pub fn tune(r: &TuneReport, opts: &TuneOptions) {
         _ => println!("best: no task has a valid candidate yet"),
     }
     println!(
-        "{} trials ({} measured now, {} from the log, {} errors) in {:.1} s; search overhead {:.2} s ({:.1}%)",
+        "{} trials ({} measured now, {} from the log, {} errors, {} cut short) in {:.1} s; search overhead {:.2} s ({:.1}%)",
         r.trials,
         r.measured_this_run,
         r.resumed_from_log,
         r.errors,
+        r.cut_short,
         r.search_time_s,
         r.search_overhead_s,
         r.search_overhead_percent
@@ -138,12 +139,13 @@ pub fn best(best: &[TuningRecord], emit: Option<Emit>, json: bool) -> Result<()>
 
 pub fn dataset(r: &DatasetReport, opts: &DatasetOptions) {
     println!(
-        "{} tasks on {} ({}): {} schedules measured ({} errors), {} already in {}, {:.1} s",
+        "{} tasks on {} ({}): {} schedules measured ({} errors, {} cut short), {} already in {}, {:.1} s",
         r.tasks,
         r.platform,
         r.machine,
         r.measured,
         r.errors,
+        r.cut_short,
         r.existing,
         opts.out.display(),
         r.seconds

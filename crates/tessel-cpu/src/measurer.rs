@@ -53,6 +53,8 @@ pub struct KernelJob {
     pub op: ComputeOp,
     pub kernel: Kernel,
     pub mode: Mode,
+    /// The candidate's budget for its checked run ([`Candidate::budget_s`]).
+    pub budget_s: Option<f64>,
 }
 
 /// Measures candidates on this CPU: lowers each trace, generates C, compiles a batch into one
@@ -116,6 +118,7 @@ impl CpuMeasurer {
             op: c.op.clone(),
             kernel,
             mode,
+            budget_s: c.budget_s,
         })
     }
 
@@ -282,10 +285,17 @@ impl CpuMeasurer {
             reference,
             seed: self.opts.seed,
             tolerance: tolerance(&job.op),
-            timing: self.opts.timing,
+            timing: TimingOptions {
+                budget_s: job.budget_s,
+                ..self.opts.timing
+            },
         };
         match self.worker.call(&request, self.opts.timeout) {
-            Ok(Reply::Ok { samples, max_error }) => {
+            Ok(Reply::Ok {
+                samples,
+                max_error,
+                cut_short,
+            }) => {
                 let timing = Timing::from_samples(&samples).ok_or_else(|| {
                     MeasureError::new(MeasureErrorKind::Runtime, "the worker returned no timings")
                 })?;
@@ -295,6 +305,7 @@ impl CpuMeasurer {
                     max_error,
                     emulated: job.mode == Mode::Emulated,
                     gflops: job.op.flops() as f64 / timing.median_s / 1e9,
+                    cut_short,
                 })
             }
             Ok(Reply::Err { kind, message }) => Err(MeasureError::new(kind, message)),

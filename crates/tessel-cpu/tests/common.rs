@@ -18,10 +18,16 @@ pub fn measurer(emulate: bool) -> CpuMeasurer {
             min_runs: 1,
             max_runs: 1,
             min_time_s: 0.0,
+            budget_s: None,
         },
         timeout: Duration::from_secs(120),
         ..CpuOptions::default()
     };
+    measurer_with(opts)
+}
+
+/// A measurer with these options, on the test worker and the tests' compiler cache.
+pub fn measurer_with(opts: CpuOptions) -> CpuMeasurer {
     let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("tessel-cpu-cache");
     CpuMeasurer::with_compiler(
         WorkerCommand::new(env!("CARGO_BIN_EXE_tessel-cpu-worker")),

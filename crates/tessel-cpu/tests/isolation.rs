@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::measurer;
 use tessel_cpu::{Kernel, KernelJob, Mode, reference::reference_gemm};
-use tessel_measure::{MeasureErrorKind, Measurer};
+use tessel_measure::{Candidate, MeasureErrorKind, Measurer};
 
 fn handwritten(name: &str, body: &str) -> Kernel {
     Kernel {
@@ -38,6 +38,7 @@ fn crashing_hanging_and_wrong_kernels_become_error_records() {
             op: op.clone(),
             kernel: k,
             mode: Mode::Native,
+            budget_s: None,
         })
     };
     let jobs = vec![
@@ -106,6 +107,7 @@ fn a_hanging_kernel_times_out_and_the_next_one_runs() {
             op: op.clone(),
             kernel: hang,
             mode: Mode::Native,
+            budget_s: None,
         }),
         Ok(good),
     ];
@@ -135,4 +137,39 @@ fn instructions_this_cpu_lacks_are_skipped_with_a_reason() {
     assert_eq!(e.kind, MeasureErrorKind::Unsupported);
     assert!(e.message.contains("amx_bf16"), "{e}");
     assert!(e.message.contains("lacks"), "{e}");
+}
+
+#[test]
+fn a_checked_run_over_its_budget_is_the_whole_measurement() {
+    let w: tessel_ir::Workload = "gemm:m=64,n=64,k=64,dtype=f32".parse().unwrap();
+    let op = w.to_op();
+    // Many timed runs unless cut short: at least 5 and 10 ms of them.
+    let mut m = common::measurer_with(tessel_cpu::CpuOptions {
+        timing: tessel_cpu::TimingOptions {
+            warmup: 1,
+            min_runs: 5,
+            max_runs: 1000,
+            min_time_s: 0.010,
+            budget_s: None,
+        },
+        timeout: Duration::from_secs(120),
+        ..Default::default()
+    });
+    let naive = || Candidate::new(op.clone(), tessel_ir::Trace::new());
+    let results = m.measure(&[
+        naive(),
+        // A nanosecond: the checked run always exceeds it.
+        naive().with_budget(Some(1e-9)),
+        // An hour: it never does.
+        naive().with_budget(Some(3600.0)),
+    ]);
+    let [full, cut, roomy] = [&results[0], &results[1], &results[2]].map(|r| r.as_ref().unwrap());
+    assert!(!full.cut_short && full.timing.runs >= 5, "{full:?}");
+    assert!(cut.cut_short && cut.timing.runs == 1, "{cut:?}");
+    assert!(!roomy.cut_short && roomy.timing.runs >= 5, "{roomy:?}");
+    // Still checked against the reference before it was cut.
+    assert_eq!(cut.max_error, 0.0);
+    // Budgets that mean nothing are no budget.
+    assert_eq!(naive().with_budget(Some(f64::NAN)).budget_s, None);
+    assert_eq!(naive().with_budget(Some(-1.0)).budget_s, None);
 }

@@ -487,6 +487,7 @@ impl Measurer for SimMeasurer {
                     max_error: 0.0,
                     emulated: false,
                     gflops: 2.0 * c.op.macs() as f64 / t / 1e9,
+                    cut_short: false,
                 })
             })
             .collect()

@@ -228,6 +228,29 @@ fn vpmaddubsw() -> Intrinsic {
     i
 }
 
+/// AVX-VNNI-INT8's ymm `vpdpbssd` (Sierra Forest, Arrow Lake, Lunar Lake): i8 x i8 quads
+/// into i32, exact, so signed activations need no offset. Described only: gcc 12 has no
+/// `-mavxvnniint8` (gcc 13 does), and no machine tessel has met runs it.
+fn vpdpbssd() -> Intrinsic {
+    let mut i = avx(
+        "avxvnniint8.vpdpbssd",
+        "vpdpbssd ymm (VEX)",
+        "avx-vnni-int8",
+        256,
+        8,
+        4,
+        DType::I8,
+        DType::I8,
+        DType::I32,
+        vec!["avx_vnni_int8"],
+        64.0,
+        Some(5),
+    );
+    i.description_only = true;
+    i.note = "i8 x i8 (also u8 x u8 as vpdpbuud); described: needs gcc 13's -mavxvnniint8";
+    i
+}
+
 /// Every instruction tessel knows, in a stable order.
 pub fn catalog() -> Vec<Intrinsic> {
     use DType::*;
@@ -376,6 +399,7 @@ pub fn catalog() -> Vec<Intrinsic> {
         };
     }
     v.push(vpmaddubsw());
+    v.push(vpdpbssd());
     /// (id, m x n x k, dtype, minimum compute capability)
     type Wmma = (&'static str, (u64, u64, u64), DType, (u32, u32));
     const WMMA_16BIT: [Wmma; 6] = [

@@ -14,7 +14,8 @@ pub struct HostCpu {
     pub model: String,
     pub logical_cores: usize,
     /// Feature names as in /proc/cpuinfo: `avx2`, `fma`, `avx512f`, `avx512_vnni`,
-    /// `avx512_bf16`, `avx512_fp16`, `avx_vnni`, `amx_tile`, `amx_bf16`, `amx_int8`.
+    /// `avx512_bf16`, `avx512_fp16`, `avx_vnni`, `avx_vnni_int8`, `amx_tile`, `amx_bf16`,
+    /// `amx_int8`.
     pub features: BTreeSet<String>,
     /// Whether the OS granted this process AMX tile data (Linux arch_prctl). Without it the
     /// first tile instruction faults, so AMX counts as unsupported.
@@ -97,6 +98,8 @@ fn detect() -> HostCpu {
         let l7_1 = __cpuid_count(7, 1);
         let ymm = std::arch::is_x86_feature_detected!("avx2");
         add("avx_vnni", ymm && l7_1.eax & (1 << 4) != 0);
+        // AVX-VNNI-INT8: leaf 7 sub-leaf 1, EDX bit 4.
+        add("avx_vnni_int8", ymm && l7_1.edx & (1 << 4) != 0);
     }
     let amx_permitted = features.contains("amx_tile") && request_amx_permission();
     let (vendor, model) = cpu_names();

@@ -48,11 +48,25 @@ use tessel_ir::{ComputeOp, Program, Trace};
 pub struct Candidate {
     pub op: ComputeOp,
     pub trace: Trace,
+    /// Seconds the checked run may take before the candidate gets no timed runs (its
+    /// record is that one sample, flagged `cut_short`): a schedule many times slower than
+    /// the task's best teaches as much from one run as from twenty. `None`: no limit.
+    pub budget_s: Option<f64>,
 }
 
 impl Candidate {
     pub fn new(op: ComputeOp, trace: Trace) -> Self {
-        Candidate { op, trace }
+        Candidate {
+            op,
+            trace,
+            budget_s: None,
+        }
+    }
+
+    /// The same candidate with a time budget for its checked run.
+    pub fn with_budget(mut self, budget_s: Option<f64>) -> Self {
+        self.budget_s = budget_s.filter(|b| b.is_finite() && *b > 0.0);
+        self
     }
 }
 
@@ -102,6 +116,10 @@ pub struct Measurement {
     pub emulated: bool,
     /// The operator's floating-point (or integer) operations per second at the median.
     pub gflops: f64,
+    /// The checked run took longer than the candidate's budget, so the timing is that one
+    /// run (cold caches included): enough to rank a slow schedule, not to quote it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cut_short: bool,
 }
 
 /// What kind of failure a candidate met.

@@ -26,6 +26,9 @@ pub struct TimingOptions {
     pub min_runs: u32,
     pub max_runs: u32,
     pub min_time_s: f64,
+    /// A checked run longer than this ends the measurement there ([`crate::Candidate::budget_s`]).
+    #[serde(default)]
+    pub budget_s: Option<f64>,
 }
 
 impl Default for TimingOptions {
@@ -35,6 +38,7 @@ impl Default for TimingOptions {
             min_runs: 3,
             max_runs: 100,
             min_time_s: 0.020,
+            budget_s: None,
         }
     }
 }
@@ -54,6 +58,9 @@ pub enum WorkerReply {
         /// Seconds per run.
         samples: Vec<f64>,
         max_error: f64,
+        /// The checked run exceeded the budget: `samples` is that run alone.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        cut_short: bool,
     },
     Err {
         kind: MeasureErrorKind,

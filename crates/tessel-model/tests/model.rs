@@ -348,6 +348,7 @@ fn the_cost_model_scores_programs_and_learns_online() {
                 max_error: 0.0,
                 emulated: false,
                 gflops: 1.0,
+                cut_short: false,
             })
         })
         .collect();

@@ -30,6 +30,9 @@ mod space;
 
 pub use error::SearchError;
 pub use records::{RecordLog, TuningRecord, read_log};
-pub use search::{Best, Progress, RandomModel, SearchOptions, Stats, Task, Tuner};
+pub use search::{
+    Best, CUT_SHORT_FACTOR, CUT_SHORT_FLOOR_S, Progress, RandomModel, SearchOptions, Stats, Task,
+    Tuner, cut_short_budget,
+};
 pub use space::gpu::{GPU_MAX_SHARED_BYTES, GPU_MAX_THREADS};
 pub use space::{CPU_INSTRUCTIONS, InstructionSet, Sketch, Space, SpaceMapping, max_accumulators};

@@ -145,6 +145,20 @@ impl Task {
     }
 }
 
+/// How many times slower than the task's best a checked run may be before it is the only
+/// run: such a schedule ranks near the bottom either way, and its timed runs would cost five times a
+/// good one's.
+pub const CUT_SHORT_FACTOR: f64 = 5.0;
+/// Checked runs shorter than this are never cut: the first call of a kernel pays page faults
+/// and the OpenMP pool's start, which can dwarf a microsecond kernel, and timing short
+/// kernels costs little anyway.
+pub const CUT_SHORT_FLOOR_S: f64 = 0.005;
+
+/// The checked-run budget of a task whose best so far takes `best_s` seconds.
+pub fn cut_short_budget(best_s: f64) -> f64 {
+    (best_s * CUT_SHORT_FACTOR).max(CUT_SHORT_FLOOR_S)
+}
+
 /// Counters of a tuning run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Stats {
@@ -159,6 +173,8 @@ pub struct Stats {
     pub rejected: usize,
     /// Log records of a task whose trace does not replay on it (not counted as trials).
     pub resume_rejected: usize,
+    /// Candidates whose checked run was so slow that it was their only run.
+    pub cut_short: usize,
     /// Wall time inside the measurer (code generation, compilation, measurement).
     pub measure_time_s: f64,
     /// Wall time of the whole run.
@@ -410,9 +426,12 @@ impl<'a> Tuner<'a> {
 
     fn measure_batch(&mut self, task: &mut Task, batch: Vec<Proposal>) -> Result<(), SearchError> {
         let op = task.space.op().clone();
+        let budget = task.best.as_ref().map(|b| cut_short_budget(b.latency_s));
         let cands: Vec<tessel_measure::Candidate> = batch
             .iter()
-            .map(|p| tessel_measure::Candidate::new(op.clone(), p.trace.clone()))
+            .map(|p| {
+                tessel_measure::Candidate::new(op.clone(), p.trace.clone()).with_budget(budget)
+            })
             .collect();
         let t = Instant::now();
         let results = self.measurer.measure(&cands);
@@ -438,8 +457,10 @@ impl<'a> Tuner<'a> {
         }
         for (p, r) in batch.iter().zip(&results) {
             self.stats.measured += 1;
-            if r.is_err() {
-                self.stats.errors += 1;
+            match r {
+                Err(_) => self.stats.errors += 1,
+                Ok(m) if m.cut_short => self.stats.cut_short += 1,
+                Ok(_) => {}
             }
             let label = task.space.mapping_label(&p.sketch);
             task.record(&p.trace, label, Some(&p.sketch), r);

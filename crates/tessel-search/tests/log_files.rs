@@ -20,6 +20,7 @@ fn record() -> TuningRecord {
         max_error: 0.0,
         emulated: false,
         gflops: w.flops() as f64 / timing.median_s / 1e9,
+        cut_short: false,
     };
     TuningRecord::new(
         &w,

@@ -19,6 +19,7 @@ use tessel_search::{
 struct FakeMeasurer {
     fp: HardwareFingerprint,
     measured: Vec<String>,
+    budgets: Vec<Option<f64>>,
 }
 
 impl FakeMeasurer {
@@ -30,6 +31,7 @@ impl FakeMeasurer {
                 ..HardwareFingerprint::default()
             },
             measured: Vec::new(),
+            budgets: Vec::new(),
         }
     }
 }
@@ -45,6 +47,7 @@ impl Measurer for FakeMeasurer {
             .map(|c| {
                 let json = c.trace.to_json();
                 self.measured.push(json.clone());
+                self.budgets.push(c.budget_s);
                 let mut h = std::collections::hash_map::DefaultHasher::new();
                 json.hash(&mut h);
                 let t = 1e-3 * (1.0 + (h.finish() % 1000) as f64 / 1000.0);
@@ -59,6 +62,7 @@ impl Measurer for FakeMeasurer {
                     max_error: 0.0,
                     emulated: false,
                     gflops: c.op.flops() as f64 / t / 1e9,
+                    cut_short: false,
                 })
             })
             .collect()
@@ -245,6 +249,32 @@ fn the_same_seed_gives_the_same_run() {
         a.iter().collect::<HashSet<_>>().len(),
         a.len(),
         "a candidate was measured twice"
+    );
+}
+
+#[test]
+fn candidates_after_a_tasks_first_best_carry_a_cut_short_budget() {
+    let mut m = FakeMeasurer::new();
+    let mut model = RandomModel::new(3);
+    let mut ts = tasks();
+    Tuner::new(&mut m, &mut model, None, "fake", opts(3))
+        .tune(&mut ts, 40, &mut |_| {})
+        .unwrap();
+    // The first batch of the run had no best to compare with.
+    assert!(
+        m.budgets[..8].iter().all(Option::is_none),
+        "{:?}",
+        m.budgets
+    );
+    let later: Vec<f64> = m.budgets.iter().flatten().copied().collect();
+    assert!(!later.is_empty(), "{:?}", m.budgets);
+    // Fake latencies are 1-2 ms: five times the best is above the floor.
+    for b in later {
+        assert!((0.005..=0.01).contains(&b), "{b}");
+    }
+    assert_eq!(
+        tessel_search::cut_short_budget(1e-6),
+        tessel_search::CUT_SHORT_FLOOR_S
     );
 }
 

@@ -394,6 +394,7 @@ fn measure_overhead(worker_exe: Option<&Path>) -> Result<f64> {
                 min_runs: 1,
                 max_runs: 1,
                 min_time_s: 0.0,
+                budget_s: None,
             },
             ..CpuOptions::default()
         },

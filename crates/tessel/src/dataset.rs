@@ -79,6 +79,8 @@ pub struct DatasetReport {
     pub measured: usize,
     /// Of which failed.
     pub errors: usize,
+    /// Of which were recorded after their checked run alone (over `CUT_SHORT_FACTOR` times the task's best).
+    pub cut_short: usize,
     /// Records already in the file.
     pub existing: usize,
     /// Tasks with fewer distinct schedules than asked, and how many they got.
@@ -249,16 +251,27 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
     progress.start("schedules", (workloads.len() * o.per_task) as u64);
     let start = Instant::now();
     let (mut measured, mut errors, mut position) = (0usize, 0usize, 0u64);
+    let mut cut_short = 0usize;
     let mut short = Vec::new();
     for w in &workloads {
         let spec = w.to_string();
         let op = w.to_op();
         let space = Space::new(&op, &set);
-        let have = existing
-            .records
-            .iter()
-            .filter(|r| r.workload == spec && r.target == target)
-            .count();
+        let mine = || {
+            existing
+                .records
+                .iter()
+                .filter(|r| r.workload == spec && r.target == target)
+        };
+        let here =
+            |r: &&TuningRecord| r.fingerprint == fp && r.result.as_ref().is_ok_and(|m| !m.emulated);
+        let have = mine().count();
+        // The task's best so far: a schedule over five times slower is recorded after its
+        // checked run alone (`cut_short`), which is most of the time random schedules take.
+        let mut best: Option<f64> = mine()
+            .filter(here)
+            .filter_map(|r| r.latency())
+            .reduce(f64::min);
         position += have.min(o.per_task) as u64;
         progress.update(position, &spec);
         let mut need = o.per_task.saturating_sub(have);
@@ -267,7 +280,9 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
         while need > 0 && attempts < 50 * o.per_task {
             let mut batch = Vec::new();
             let mut labels = Vec::new();
-            while batch.len() < need.min(16) && attempts < 50 * o.per_task {
+            // A small first batch gives the task a best, and so a budget, early.
+            let size = if best.is_none() { 4 } else { 16 };
+            while batch.len() < need.min(size) && attempts < 50 * o.per_task {
                 attempts += 1;
                 let sketch = space.sample(&mut rng);
                 let Ok(trace) = space.trace(&sketch) else {
@@ -277,7 +292,8 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
                     continue;
                 }
                 labels.push(space.mapping_label(&sketch));
-                batch.push(Candidate::new(op.clone(), trace));
+                let budget = best.map(tessel_search::cut_short_budget);
+                batch.push(Candidate::new(op.clone(), trace).with_budget(budget));
             }
             if batch.is_empty() {
                 break;
@@ -289,6 +305,12 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
                 .zip(labels)
                 .map(|((c, r), mapping)| {
                     errors += usize::from(r.is_err());
+                    if let Ok(m) = &r
+                        && !m.emulated
+                    {
+                        cut_short += usize::from(m.cut_short);
+                        best = Some(best.map_or(m.timing.median_s, |b| b.min(m.timing.median_s)));
+                    }
                     TuningRecord::new(w, &target, fp.clone(), c.trace, mapping, r)
                 })
                 .collect();
@@ -313,6 +335,7 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
         machine: fp.model.clone(),
         measured,
         errors,
+        cut_short,
         existing: existing.records.len(),
         short,
         seconds: start.elapsed().as_secs_f64(),

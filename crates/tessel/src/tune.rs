@@ -180,6 +180,9 @@ pub struct TuneReport {
     pub resumed_from_log: usize,
     /// Candidates that failed (compile, crash, wrong result, ...).
     pub errors: usize,
+    /// Candidates whose checked run was their only run: more than `CUT_SHORT_FACTOR` times the task's best
+    /// (`tessel_search::cut_short_budget`), so not worth timing further.
+    pub cut_short: usize,
     /// Wall time, s.
     pub search_time_s: f64,
     /// Time spent outside measurement (sampling, features, the model), s.
@@ -450,6 +453,7 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
         measured_this_run: stats.measured,
         resumed_from_log: stats.resumed,
         errors: stats.errors,
+        cut_short: stats.cut_short,
         search_time_s: elapsed,
         search_overhead_s: stats.search_overhead_s(),
         search_overhead_percent: 100.0 * stats.search_overhead_s() / stats.total_time_s.max(1e-9),
@@ -607,6 +611,7 @@ mod tests {
             measured_this_run: 16,
             resumed_from_log: 0,
             errors: 16,
+            cut_short: 0,
             search_time_s: 1.0,
             search_overhead_s: 0.1,
             search_overhead_percent: 10.0,

@@ -330,6 +330,7 @@ fn log_records_whose_trace_does_not_replay_are_not_trials() {
             max_error: 0.0,
             emulated: false,
             gflops: w.flops() as f64 / 1e-6 / 1e9,
+            cut_short: false,
         }),
     );
     tessel::search::RecordLog::open(&log)

@@ -77,7 +77,9 @@ impl CudaMeasurer {
             )
             .map_err(|e| e.to_measure_error(&job.kernel))?;
         match answer {
-            GpuAnswer::Measured(WorkerReply::Ok { samples, max_error }) => {
+            GpuAnswer::Measured(WorkerReply::Ok {
+                samples, max_error, ..
+            }) => {
                 let timing = Timing::from_samples(&samples).ok_or_else(|| {
                     MeasureError::new(MeasureErrorKind::Runtime, "the worker returned no timings")
                 })?;
@@ -87,6 +89,7 @@ impl CudaMeasurer {
                     max_error,
                     emulated: false,
                     gflops: job.op.flops() as f64 / timing.median_s / 1e9,
+                    cut_short: false,
                 })
             }
             GpuAnswer::Measured(WorkerReply::Err { kind, mut message }) => {

@@ -119,6 +119,7 @@ impl Default for CudaOptions {
                 min_runs: 10,
                 max_runs: 200,
                 min_time_s: 0.05,
+                budget_s: None,
             },
             timeout: Duration::from_secs(60),
             full_check_max_macs: 1 << 24,

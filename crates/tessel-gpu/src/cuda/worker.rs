@@ -249,7 +249,11 @@ impl WorkerState {
                 break;
             }
         }
-        Ok(WorkerReply::Ok { samples, max_error })
+        Ok(WorkerReply::Ok {
+            samples,
+            max_error,
+            cut_short: false,
+        })
     }
 }
 
