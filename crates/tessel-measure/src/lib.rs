@@ -50,7 +50,8 @@ pub struct Candidate {
     pub trace: Trace,
     /// Seconds the checked run may take before the candidate gets no timed runs (its
     /// record is that one sample, flagged `cut_short`): a schedule many times slower than
-    /// the task's best teaches as much from one run as from twenty. `None`: no limit.
+    /// the task's best teaches as much from one run as from twenty. `None`: no limit. The
+    /// CPU measurer honours it; the GPU ones time every candidate in full.
     pub budget_s: Option<f64>,
 }
 

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::time::Instant;
 
 use serde::Serialize;
-use tessel_ir::{Program, Trace, Workload};
+use tessel_ir::{Program, Step, Trace, Workload};
 use tessel_measure::{CostModel, MeasureResult, Measurer};
 
 use crate::error::SearchError;
@@ -171,7 +171,8 @@ pub struct Stats {
     pub corrupt_lines: usize,
     /// Samples rejected before compilation (capacity checks, invalid schedules).
     pub rejected: usize,
-    /// Log records of a task whose trace does not replay on it (not counted as trials).
+    /// Log records of a task whose trace does not replay on it, or that use an instruction
+    /// outside the search's set (not counted as trials).
     pub resume_rejected: usize,
     /// Candidates whose checked run was so slow that it was their only run.
     pub cut_short: usize,
@@ -245,8 +246,17 @@ impl<'a> Tuner<'a> {
             let Some(t) = tasks.iter_mut().find(|t| t.workload.to_string() == spec) else {
                 continue;
             };
-            // A trace that does not replay on the task is not a trial of it.
-            if r.trace.lower(t.space.op(), t.space.catalog()).is_err() {
+            // A trace that does not replay on the task is not a trial of it, nor is one on
+            // an instruction outside the set this search may use (`tune --instructions`).
+            let outside = r.trace.steps.iter().any(|s| match s {
+                Step::Tensorize { intrinsic, .. } => !t
+                    .space
+                    .mappings()
+                    .iter()
+                    .any(|m| m.intrinsic.id == intrinsic),
+                _ => false,
+            });
+            if outside || r.trace.lower(t.space.op(), t.space.catalog()).is_err() {
                 self.stats.resume_rejected += 1;
                 continue;
             }

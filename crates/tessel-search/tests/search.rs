@@ -279,6 +279,50 @@ fn candidates_after_a_tasks_first_best_carry_a_cut_short_budget() {
 }
 
 #[test]
+fn a_narrower_instruction_set_does_not_resume_records_of_other_instructions() {
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("narrow.jsonl");
+    let _ = std::fs::remove_file(&path);
+    let mut m = FakeMeasurer::new();
+    {
+        let mut model = RandomModel::new(4);
+        let mut ts = tasks();
+        let log = RecordLog::open(&path).unwrap();
+        Tuner::new(&mut m, &mut model, Some(log), "fake", opts(4))
+            .tune(&mut ts, 32, &mut |_| {})
+            .unwrap();
+    }
+    let records = read_log(&path).unwrap().records;
+    let on = |id: &str| {
+        records
+            .iter()
+            .filter(|r| r.mapping.as_deref().is_some_and(|l| l.starts_with(id)))
+            .count()
+    };
+    let (avx2, avx512) = (on("avx2."), on("avx512."));
+    assert!(avx512 > 0, "the wide run used the AVX-512 FMA too");
+    let only_avx2 = InstructionSet::Only(vec!["avx2.vfmadd231ps".into()]);
+    let mut ts = vec![
+        Task::new(
+            "gemm:m=64,n=64,k=64,dtype=f32".parse().unwrap(),
+            2,
+            &only_avx2,
+        ),
+        Task::new(
+            "dense:m=16,n=96,k=32,dtype=f32".parse().unwrap(),
+            1,
+            &only_avx2,
+        ),
+    ];
+    let mut again = FakeMeasurer::new();
+    let mut model = RandomModel::new(5);
+    let mut tuner = Tuner::new(&mut again, &mut model, None, "fake", opts(5));
+    tuner.resume(&mut ts, &records);
+    assert_eq!(tuner.stats.resume_rejected, avx512);
+    assert_eq!(tuner.stats.resumed, records.len() - avx512);
+    assert!(tuner.stats.resumed >= avx2);
+}
+
+#[test]
 fn a_rerun_resumes_from_the_log_and_measures_nothing_twice() {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("resume");
     let _ = std::fs::remove_dir_all(&dir);
