@@ -267,7 +267,7 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
             |r: &&TuningRecord| r.fingerprint == fp && r.result.as_ref().is_ok_and(|m| !m.emulated);
         let have = mine().count();
         // The task's best so far: a schedule over five times slower is recorded after its
-        // checked run alone (`cut_short`), which is most of the time random schedules take.
+        // checked run alone (`cut_short`), sparing the timed runs of the slowest schedules.
         let mut best: Option<f64> = mine()
             .filter(here)
             .filter_map(|r| r.latency())
