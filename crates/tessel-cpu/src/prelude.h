@@ -61,16 +61,16 @@ static inline __m512 _mm512_fmadd_ps(__m512 a, __m512 b, __m512 c) { for (int i 
 static inline __m512i _mm512_loadu_si512(const void *p) { __m512i r; memcpy(&r, p, 64); return r; }
 static inline void _mm512_storeu_si512(void *p, __m512i a) { memcpy(p, &a, 64); }
 static inline __m512i _mm512_set1_epi32(int32_t x) { __m512i r; for (int i = 0; i < 16; i++) r.i[i] = x; return r; }
-/* vpdpbusd: each lane adds four u8 x s8 products. */
-static inline __m512i _mm512_dpbusd_epi32(__m512i src, __m512i a, __m512i b) {
-    const uint8_t *ua = (const uint8_t *)&a; const int8_t *sb = (const int8_t *)&b;
-    for (int i = 0; i < 16; i++) {
-        int32_t s = src.i[i];
+/* vpdpbusd (zmm, and AVX-VNNI's ymm): each i32 lane adds four u8 x s8 products. */
+static inline void tsl_emu_dpbusd(int32_t *acc, const void *a, const void *b, int lanes) {
+    const uint8_t *ua = (const uint8_t *)a; const int8_t *sb = (const int8_t *)b;
+    for (int i = 0; i < lanes; i++) {
+        int32_t s = acc[i];
         for (int j = 0; j < 4; j++) s = tsl_add_i32(s, (int32_t)ua[4 * i + j] * (int32_t)sb[4 * i + j]);
-        src.i[i] = s;
+        acc[i] = s;
     }
-    return src;
 }
+static inline __m512i _mm512_dpbusd_epi32(__m512i src, __m512i a, __m512i b) { tsl_emu_dpbusd(src.i, &a, &b, 16); return src; }
 /* vdpbf16ps: each lane adds two bf16 products in f32. */
 static inline __m512 _mm512_dpbf16_ps(__m512 src, __m512bh a, __m512bh b) {
     for (int i = 0; i < 16; i++) {
@@ -106,16 +106,7 @@ static inline __m256i _mm256_maddubs_epi16(__m256i a, __m256i b) {
     }
     return r;
 }
-/* AVX-VNNI vpdpbusd (ymm): each lane adds four u8 x s8 products. */
-static inline __m256i _mm256_dpbusd_avx_epi32(__m256i src, __m256i a, __m256i b) {
-    const uint8_t *ua = (const uint8_t *)&a; const int8_t *sb = (const int8_t *)&b;
-    for (int i = 0; i < 8; i++) {
-        int32_t s = src.i[i];
-        for (int j = 0; j < 4; j++) s = tsl_add_i32(s, (int32_t)ua[4 * i + j] * (int32_t)sb[4 * i + j]);
-        src.i[i] = s;
-    }
-    return src;
-}
+static inline __m256i _mm256_dpbusd_avx_epi32(__m256i src, __m256i a, __m256i b) { tsl_emu_dpbusd(src.i, &a, &b, 8); return src; }
 static inline __m512bh tsl_bcast_bf16x2(const void *p) { __m512bh r; for (int i = 0; i < 16; i++) memcpy(&r.h[2 * i], p, 4); return r; }
 static inline __m512bh tsl_load_bf16x32(const void *p) { __m512bh r; memcpy(&r, p, 64); return r; }
 

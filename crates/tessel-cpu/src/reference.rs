@@ -78,8 +78,7 @@ pub fn reference_gemm(
     let intr = catalog
         .get(id)
         .ok_or_else(|| format!("unknown instruction `{id}`"))?;
-    let reaches = |from: tessel_ir::DType, to| from == to || from.widens_exactly_to(to);
-    if !reaches(types.dtype, intr.a) || !reaches(types.wdtype, intr.b) {
+    if !types.dtype.fits_exactly_in(intr.a) || !types.wdtype.fits_exactly_in(intr.b) {
         return Err(format!(
             "`{id}` multiplies {} x {}, the workload is {} x {}",
             intr.a, intr.b, types.dtype, types.wdtype

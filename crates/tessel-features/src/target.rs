@@ -86,7 +86,7 @@ impl Target {
             // What can run: instructions only described (no code generator) are left out.
             .filter(|i| !i.description_only)
             // Nor opt-in ones (inexact beyond small values): not what the tuner searches.
-            .filter(|i| !tessel_intrin::OPT_IN_INSTRUCTIONS.contains(&i.id))
+            .filter(|i| !tessel_intrin::is_opt_in(i.id))
             .filter(|i| match &i.requires {
                 Requirement::CpuFeatures(fs) => fs.iter().all(|f| has(f)),
                 Requirement::ComputeCapability(..) => false,

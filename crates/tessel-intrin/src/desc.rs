@@ -179,7 +179,7 @@ impl fmt::Display for Intrinsic {
         if self.description_only {
             write!(f, " [description only]")?;
         }
-        if crate::OPT_IN_INSTRUCTIONS.contains(&self.id) {
+        if crate::is_opt_in(self.id) {
             write!(f, " [opt-in: {}]", self.note)?;
         }
         Ok(())

@@ -40,4 +40,5 @@ pub use host::{HostCpu, Support};
 pub use matching::{DimAssignment, Mapping, MatchError, OperandTransform, TransformKind, match_op};
 pub use platform::{
     CPU_INSTRUCTIONS, CPU_PLATFORMS, CpuPlatform, OPT_IN_INSTRUCTIONS, UnknownPlatform,
+    default_cpu_instructions, is_opt_in,
 };

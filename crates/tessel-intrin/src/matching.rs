@@ -272,8 +272,7 @@ pub fn match_op(op: &ComputeOp, intr: &Intrinsic) -> Result<Vec<Mapping>, MatchE
     for (a, b) in [(0usize, 1usize), (1, 0)] {
         let (da, db) = (op.inputs[a].tensor.dtype, op.inputs[b].tensor.dtype);
         // The instruction's types, or ones that widen to them exactly on the way in.
-        let reaches = |from: DType, to: DType| from == to || from.widens_exactly_to(to);
-        if !reaches(da, intr.a) || !reaches(db, intr.b) {
+        if !da.fits_exactly_in(intr.a) || !db.fits_exactly_in(intr.b) {
             reasons.push(format!(
                 "inputs {a},{b} are {da} x {db}, the instruction takes {} x {} (and they do not widen to it exactly)",
                 intr.a, intr.b

@@ -22,6 +22,16 @@ pub const CPU_INSTRUCTIONS: [&str; 10] = [
 /// never by default, so that a default tune is always exact.
 pub const OPT_IN_INSTRUCTIONS: [&str; 1] = ["avx2.vpmaddubsw"];
 
+/// Whether instruction `id` is searched only when named ([`OPT_IN_INSTRUCTIONS`]).
+pub fn is_opt_in(id: &str) -> bool {
+    OPT_IN_INSTRUCTIONS.contains(&id)
+}
+
+/// What a CPU search uses unless told otherwise: [`CPU_INSTRUCTIONS`] less the opt-in ones.
+pub fn default_cpu_instructions() -> impl Iterator<Item = &'static str> {
+    CPU_INSTRUCTIONS.into_iter().filter(|id| !is_opt_in(id))
+}
+
 /// A CPU measurement platform: the instructions a dataset may use and its element type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CpuPlatform {

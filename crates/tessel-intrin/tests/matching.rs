@@ -119,8 +119,9 @@ fn pick_intrinsic(op: &ComputeOp, index: usize) -> Intrinsic {
     let fitting: Vec<&Intrinsic> = all
         .iter()
         .filter(|i| {
-            let to = |x: DType, y: DType| x == y || x.widens_exactly_to(y);
-            i.acc == op.accumulator && ((to(a, i.a) && to(b, i.b)) || (to(b, i.a) && to(a, i.b)))
+            let fit = |x: DType, y: DType| x.fits_exactly_in(y);
+            i.acc == op.accumulator
+                && ((fit(a, i.a) && fit(b, i.b)) || (fit(b, i.a) && fit(a, i.b)))
         })
         .collect();
     if index.is_multiple_of(5) || fitting.is_empty() {

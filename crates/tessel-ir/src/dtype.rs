@@ -86,6 +86,12 @@ impl DType {
         }
     }
 
+    /// Whether `self` reaches an instruction taking `to` without changing a value: the same
+    /// type, or an exact widening on the way in.
+    pub fn fits_exactly_in(self, to: DType) -> bool {
+        self == to || self.widens_exactly_to(to)
+    }
+
     /// Whether every value of `self` is exactly a value of `to` (bf16/f16 -> f32, 8-bit
     /// integers -> i16 or i32, i16 -> i32): the conversions a pack may apply on the way to
     /// an instruction without changing the result. A type does not widen to itself.

@@ -224,9 +224,7 @@ pub fn cpu_instructions(items: &[String]) -> Result<Vec<String>> {
             .filter(|id| {
                 // An opt-in (saturating) instruction only by its own id or family.
                 let named = *id == item || family(id) == item;
-                named
-                    || (!tessel_intrin::OPT_IN_INSTRUCTIONS.contains(id)
-                        && id.split('.').next() == Some(item))
+                named || (!tessel_intrin::is_opt_in(id) && id.split('.').next() == Some(item))
             })
             .collect();
         if hits.is_empty() {
@@ -289,13 +287,11 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
         (TargetSpec::Cpu, items) => InstructionSet::Only(cpu_instructions(items)?),
         (other, _) => bail!("--instructions selects CPU instructions; the target is {other}"),
     };
+    let catalog = Catalog::default();
     let searched: Vec<String> = match &set {
         InstructionSet::Host => {
             let host = tessel_intrin::HostCpu::detect();
-            let catalog = Catalog::default();
-            tessel_intrin::CPU_INSTRUCTIONS
-                .iter()
-                .filter(|id| !tessel_intrin::OPT_IN_INSTRUCTIONS.contains(id))
+            tessel_intrin::default_cpu_instructions()
                 .filter(|id| {
                     catalog
                         .get(id)
@@ -307,11 +303,7 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
         InstructionSet::Only(ids) => ids.clone(),
         _ => Vec::new(),
     };
-    let catalog = Catalog::default();
-    for id in searched
-        .iter()
-        .filter(|id| tessel_intrin::OPT_IN_INSTRUCTIONS.contains(&id.as_str()))
-    {
+    for id in searched.iter().filter(|id| tessel_intrin::is_opt_in(id)) {
         let note = catalog.get(id).map_or("", |i| i.note);
         progress.note(&format!(
             "note: {id} is opt-in and inexact beyond small values: {note}"

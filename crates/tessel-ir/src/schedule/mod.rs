@@ -151,6 +151,27 @@ impl Schedule {
         })
     }
 
+    /// Input `operand`, for a step (pack, cast: `verb` and its participle) that rewrites its
+    /// root copy, which every cache of it then reads: it must exist, not have had the step
+    /// (`done`), and have no cache yet.
+    fn root_copy_input(
+        &self,
+        operand: usize,
+        (verb, participle): (&str, &str),
+        done: bool,
+    ) -> Result<&crate::op::Operand, String> {
+        let Some(input) = self.op.inputs.get(operand) else {
+            return Err(format!("the operator has no input {operand}"));
+        };
+        if done {
+            return Err(format!("input {operand} is already {participle}"));
+        }
+        if self.caches.iter().any(|c| c.operand == operand) {
+            return Err(format!("{verb} input {operand} before caching it"));
+        }
+        Ok(input)
+    }
+
     /// The element type input `o` reaches the computation in: its cast, else its own.
     pub fn input_dtype(&self, o: usize) -> DType {
         self.casts
@@ -419,28 +440,14 @@ impl Schedule {
                 self.cache_write = Some((scope.clone(), at.clone(), index));
             }
             Step::Pack { operand, layout } => {
-                let Some(input) = self.op.inputs.get(*operand) else {
-                    return Err(format!("the operator has no input {operand}"));
-                };
-                if self.packs.iter().any(|(o, _, _)| o == operand) {
-                    return Err(format!("input {operand} is already packed"));
-                }
-                if self.caches.iter().any(|c| c.operand == *operand) {
-                    return Err(format!("pack input {operand} before caching it"));
-                }
+                let packed = self.packs.iter().any(|(o, _, _)| o == operand);
+                let input = self.root_copy_input(*operand, ("pack", "packed"), packed)?;
                 layout.packed_shape(&input.tensor.shape)?;
                 self.packs.push((*operand, layout.clone(), index));
             }
             Step::Cast { operand, dtype } => {
-                let Some(input) = self.op.inputs.get(*operand) else {
-                    return Err(format!("the operator has no input {operand}"));
-                };
-                if self.casts.iter().any(|(o, _, _)| o == operand) {
-                    return Err(format!("input {operand} is already cast"));
-                }
-                if self.caches.iter().any(|c| c.operand == *operand) {
-                    return Err(format!("cast input {operand} before caching it"));
-                }
+                let cast = self.casts.iter().any(|(o, _, _)| o == operand);
+                let input = self.root_copy_input(*operand, ("cast", "cast"), cast)?;
                 let from = input.tensor.dtype;
                 if !from.widens_exactly_to(*dtype) {
                     return Err(format!(

@@ -140,10 +140,8 @@ impl Space {
         let mut skipped = Vec::new();
         let ids: Vec<String> = match set {
             // Opt-in instructions (results that depend on value ranges) only when named.
-            InstructionSet::Host => CPU_INSTRUCTIONS
-                .iter()
-                .filter(|id| !tessel_intrin::OPT_IN_INSTRUCTIONS.contains(id))
-                .map(|s| s.to_string())
+            InstructionSet::Host => tessel_intrin::default_cpu_instructions()
+                .map(str::to_string)
                 .collect(),
             InstructionSet::Only(ids) => ids.clone(),
             InstructionSet::None => Vec::new(),
