@@ -434,3 +434,22 @@ fn the_compiler_dies_with_a_killed_tuner() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+#[test]
+fn a_tessel_march_that_is_not_a_cpu_name_is_refused() {
+    let dir = fresh_dir("hard-march");
+    for bad in ["-O0", "znver3 -fplugin=x", "native;rm"] {
+        let out = Command::new(XTASK)
+            .args(["measure", "--workload", "gemm:m=8,n=8,k=8,dtype=f32"])
+            .env("TESSEL_MARCH", bad)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "TESSEL_MARCH={bad}: {err}");
+        assert!(
+            err.contains("TESSEL_MARCH") && err.contains("-march") && !err.contains("panicked"),
+            "{err}"
+        );
+    }
+}
