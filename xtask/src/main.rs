@@ -84,6 +84,14 @@ enum Command {
         #[command(flatten)]
         json: Json,
     },
+    /// The best kernels of a tuning log as a C library (tessel_kernels.h, .a, .so,
+    /// manifest.json) and a Rust crate of safe wrappers (rust/), in --out.
+    Export {
+        #[command(flatten)]
+        opts: tessel::ExportOptions,
+        #[command(flatten)]
+        json: Json,
+    },
     /// The allocation features of a candidate, column by column: a --trace on this CPU, or the
     /// best record of a --log on the machine that measured it.
     Features(features::FeaturesArgs),
@@ -251,6 +259,10 @@ fn run(cli: Cli) -> Result<()> {
         Command::Best { log, emit, json } => {
             let best = tessel::best(&log, &mut Bar::new(false))?;
             print::best(&best, emit, json.json)?;
+        }
+        Command::Export { opts, json } => {
+            let report = tessel::export(&opts, &mut Bar::new(!json.json))?;
+            json.show(&report, print::export)?;
         }
         Command::Dataset { opts, json } => {
             let report = tessel::dataset(&opts, &mut Bar::new(!json.json))?;

@@ -244,3 +244,33 @@ pub fn sim_check(r: &SimCheckReport) {
         r.median_estimate_over_measured
     );
 }
+
+pub fn export(r: &tessel::ExportReport) {
+    println!(
+        "exported {} kernel(s) to {} ({})",
+        r.kernels.len(),
+        r.out.display(),
+        r.flags.join(" ")
+    );
+    for k in &r.kernels {
+        let pack = match (&k.pack_symbol, &k.prepacked_symbol) {
+            (Some(p), Some(q)) => format!(" + {p}, {q}"),
+            _ => String::new(),
+        };
+        println!(
+            "  {:<40} {:>9.4} ms {:>7.1} GFLOP/s  {}{pack}",
+            k.workload, k.latency_ms, k.gflops, k.symbol
+        );
+    }
+    if r.other_machine > 0 {
+        println!(
+            "  {} kernel(s) were measured on another machine or build",
+            r.other_machine
+        );
+    }
+    println!("  files: {}", r.files.join(", "));
+    println!(
+        "  C: #include \"tessel_kernels.h\", link -ltessel_kernels -fopenmp; Rust: path dependency on {}",
+        r.out.join("rust").display()
+    );
+}

@@ -164,6 +164,7 @@ fn files_that_are_missing_or_not_regular_are_named() {
         vec!["features", "--log", "nope.jsonl"],
         vec!["sim-check", "--data", "nope.jsonl", "--device", "h200"],
         vec!["pretrain", "--data", "nope.jsonl", "--out", "m"],
+        vec!["export", "--log", "nope.jsonl", "--out", "k"],
     ] {
         let e = refused(&args, &dir);
         assert!(

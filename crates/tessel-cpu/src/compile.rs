@@ -124,6 +124,11 @@ impl Compiler {
         &self.version
     }
 
+    /// The compiler executable.
+    pub fn cc(&self) -> &str {
+        &self.cc
+    }
+
     pub fn cache_dir(&self) -> &Path {
         &self.cache_dir
     }

@@ -101,3 +101,48 @@ fn native_builds_of_every_instruction_compile_with_the_real_intrinsics() {
         .compile(&module_source(&refs), &features, Mode::Native)
         .unwrap_or_else(|e| panic!("{e}"));
 }
+
+#[test]
+fn weights_packed_at_the_root_split_into_a_pack_function_and_a_prepacked_kernel() {
+    use tessel_cpu::codegen::generate_prepacked;
+    let catalog = Catalog::default();
+    let w: Workload = "gemm:m=64,n=64,k=64,dtype=u8,wdtype=i8".parse().unwrap();
+    let op = w.to_op();
+    let trace = reference_gemm(&w, "avx2.vpmaddwd", None).unwrap();
+    let program = trace.lower(&op, &catalog).unwrap();
+    let whole = generate(&program, "k", &catalog).unwrap();
+    let split = generate_prepacked(&program, "k_pre", "k_pack", 1, &catalog)
+        .unwrap()
+        .expect("the reference schedule packs B at its root");
+    assert_eq!(split.packed_dtype, tessel_ir::DType::I16);
+    assert_eq!(split.packed_elements(), 64 * 64);
+    // The plain kernel owns its packed copy; the pre-packed one takes it as argument 1.
+    assert!(whole.source.contains("static int16_t B_packed"));
+    assert!(!split.kernel.source.contains("static int16_t B_packed"));
+    assert!(
+        split
+            .kernel
+            .source
+            .contains("const int16_t *restrict B_packed = (const int16_t *)args[1]"),
+        "{}",
+        split.kernel.source
+    );
+    assert!(split.kernel.source.contains("arrives packed"));
+    // The pack function zeroes its output, then runs exactly the kernel's root copy.
+    assert!(split.pack.source.contains("memset(B_packed, 0"));
+    assert!(split.pack.source.contains("tsl_sat_i16_i32((int32_t)(B["));
+    assert!(!split.pack.source.contains("acc"));
+    // Both compile together with the kernel they came from.
+    let compiler = Compiler::new(Compiler::default_cache_dir()).unwrap();
+    let src = module_source(&[&whole, &split.kernel, &split.pack]);
+    compiler
+        .compile(&src, &whole.features, Mode::Native)
+        .unwrap();
+    // The naive loop nest reads B in place: nothing to split.
+    let naive = tessel_ir::Trace::new().lower(&op, &catalog).unwrap();
+    assert!(
+        generate_prepacked(&naive, "n_pre", "n_pack", 1, &catalog)
+            .unwrap()
+            .is_none()
+    );
+}

@@ -240,6 +240,16 @@ impl Workload {
         self.with_epilogue(e)
     }
 
+    /// The input that holds weights (constant across calls, so worth packing once): the
+    /// second operand of a GEMM, a dense layer or a convolution; none for a batched matmul,
+    /// whose operands are both activations.
+    pub fn weight_input(&self) -> Option<usize> {
+        match self {
+            Workload::Gemm { .. } | Workload::Dense { .. } | Workload::Conv2d { .. } => Some(1),
+            Workload::Bmm { .. } => None,
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Workload::Gemm { .. } => "gemm",

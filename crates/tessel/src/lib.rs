@@ -10,6 +10,8 @@
 //! - [`pretrain`], [`transfer`] and [`eval`]: the attention cost model on those records.
 //! - [`measure`], [`bench_cpu`], [`best`], [`emit`], [`sim_check`]: one schedule, the
 //!   reference kernels beside oneDNN, the best of a log and its code, the GPU model's ranking.
+//! - [`export`]: the best kernels of a log as a C library (header, `.a`, `.so`, manifest)
+//!   and a Rust crate of safe wrappers.
 //!
 //! The parts are re-exported as modules: [`ir`] (operators, workloads, traces, lowering),
 //! [`intrin`] (instructions and matching), [`search`], [`features`], [`model`], [`cpu`],
@@ -39,6 +41,7 @@ mod bench;
 mod data;
 mod dataset;
 mod error;
+mod export;
 mod learn;
 mod measure;
 mod plot;
@@ -52,6 +55,7 @@ pub use bench::{BENCH_HEADER, BenchOptions, BenchReport, BenchRow, bench_cpu, be
 pub use data::{load, network_filter, strict_read};
 pub use dataset::{DatasetOptions, DatasetReport, dataset, merge, parse_shard};
 pub use error::{Context, Error, Result};
+pub use export::{ExportOptions, ExportReport, ExportedKernel, export};
 pub use learn::{
     EvalOptions, EvalReport, HELD_OUT_NETWORKS, PretrainOptions, PretrainReport, SHIPPED_DATASETS,
     TransferOptions, TransferReport, eval, load_model, pretrain, transfer,

@@ -24,7 +24,10 @@ use tessel_ir::{
 use crate::error::CodegenError;
 
 mod instr;
+mod prepack;
 mod tensorize;
+
+pub use prepack::{Prepacked, generate_prepacked};
 
 use instr::*;
 
@@ -193,6 +196,8 @@ struct Gen<'p> {
     uses_amx: bool,
     features: BTreeSet<String>,
     intrinsics: BTreeSet<String>,
+    /// Set when generating the variant of a kernel that takes one input already packed.
+    prepacked: Option<prepack::Plan<'p>>,
 }
 
 impl<'p> Gen<'p> {
@@ -234,6 +239,7 @@ impl<'p> Gen<'p> {
             uses_amx,
             features,
             intrinsics,
+            prepacked: None,
         })
     }
 
@@ -397,6 +403,13 @@ impl<'p> Gen<'p> {
                 BufferRole::Output => (n_inputs + n_biases, ""),
                 _ => continue,
             };
+            // A pre-packed input arrives as its packed copy, under the packed buffer's name.
+            let (i, b) = match (&self.prepacked, &b.role) {
+                (Some(plan), BufferRole::Input(k)) if *k == plan.operand => {
+                    (plan.buffer, &p.buffers[plan.buffer])
+                }
+                _ => (i, b),
+            };
             let t = c_type(b.dtype);
             let s = format!(
                 "{konst}{t} *restrict {} = ({konst}{t} *)args[{slot}];  /* {:?} {} */",
@@ -418,6 +431,15 @@ impl<'p> Gen<'p> {
     }
 
     fn stmt(&mut self, s: &Stmt) -> Result<(), CodegenError> {
+        if let Some(plan) = &self.prepacked
+            && std::ptr::eq(s, plan.pack)
+        {
+            let name = self.bufs[plan.buffer].clone();
+            self.line(&format!(
+                "/* {name} arrives packed (the pack function fills it) */"
+            ));
+            return Ok(());
+        }
         match s {
             Stmt::Seq(v) => {
                 for s in v {
@@ -425,6 +447,11 @@ impl<'p> Gen<'p> {
                 }
             }
             Stmt::For(l) => self.for_loop(l)?,
+            Stmt::Allocate { buffer, body }
+                if self.prepacked.as_ref().is_some_and(|p| p.buffer == *buffer) =>
+            {
+                self.stmt(body)?;
+            }
             Stmt::Allocate { buffer, body } => {
                 let b = &self.p.buffers[*buffer];
                 let t = c_type(b.dtype);
