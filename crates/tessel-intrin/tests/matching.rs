@@ -65,12 +65,13 @@ fn arb_workload() -> impl Strategy<Value = Workload> {
             0u64..=1,
             1u64..=2,
             any::<bool>(),
+            0u8..3,
         ),
         arb_types(),
     )
         .prop_filter_map(
             "kernel must fit",
-            move |((n, h, w, c, k), (r, s, stride, pad, dilation, nchw), types)| {
+            move |((n, h, w, c, k), (r, s, stride, pad, dilation, nchw, gsel), types)| {
                 let conv = Conv2d {
                     n,
                     h,
@@ -82,6 +83,12 @@ fn arb_workload() -> impl Strategy<Value = Workload> {
                     stride,
                     pad,
                     dilation,
+                    // Ordinary, grouped (2) and depthwise convolutions.
+                    groups: match gsel {
+                        1 if c % 2 == 0 && k % 2 == 0 => 2,
+                        2 if k % c == 0 => c,
+                        _ => 1,
+                    },
                     layout: if nchw {
                         ConvLayout::Nchw
                     } else {

@@ -1,7 +1,7 @@
 //! Whole networks as DAGs of tensor operators, and task extraction.
 //!
-//! Only the operators tessel tunes (convolutions with groups = 1, dense layers, batched matmuls)
-//! are nodes; an edge means one layer's output flows (possibly through elementwise ops, pooling or
+//! Only the operators tessel tunes (convolutions, grouped and depthwise included, dense layers,
+//! batched matmuls) are nodes; an edge means one layer's output flows (possibly through elementwise ops, pooling or
 //! normalisation that tessel does not tune) into another.
 //!
 //! ```
@@ -25,8 +25,20 @@ pub const NETWORKS: &[(&str, &str)] = &[
         "ResNet-50 v1.5, 224x224, 53 convolutions and the classifier",
     ),
     (
+        "resnet18",
+        "ResNet-18, 224x224, 20 convolutions and the classifier",
+    ),
+    (
+        "resnext50",
+        "ResNeXt-50 32x4d, 224x224: ResNet-50 with grouped (32) 3x3 convolutions",
+    ),
+    (
         "mobilenet-v2",
-        "MobileNet-V2 1.0, 224x224: its stem, pointwise and dense layers (depthwise layers are not groups=1 and are left out)",
+        "MobileNet-V2 1.0, 224x224: stem, pointwise, depthwise (groups = channels) and dense layers",
+    ),
+    (
+        "bert-tiny-128",
+        "BERT-tiny encoder (2 layers, width 128, 2 heads), sequence length 128",
     ),
     (
         "bert-base-128",
@@ -121,9 +133,12 @@ pub fn network_with_types(name: &str, batch: u64, types: Types) -> Result<Networ
     };
     match name {
         "resnet50" => resnet50(&mut b, batch),
+        "resnet18" => resnet18(&mut b, batch),
+        "resnext50" => resnext50(&mut b, batch),
         "mobilenet-v2" => mobilenet_v2(&mut b, batch),
-        "bert-base-128" => bert_base(&mut b, batch, 128),
-        "bert-base-512" => bert_base(&mut b, batch, 512),
+        "bert-tiny-128" => bert(&mut b, TINY, batch, 128),
+        "bert-base-128" => bert(&mut b, BASE, batch, 128),
+        "bert-base-512" => bert(&mut b, BASE, batch, 512),
         "vit-b16" => vit_b16(&mut b, batch),
         "llama7b-prefill" => llama7b_layer(&mut b, batch, 512, 512),
         "llama7b-decode" => llama7b_layer(&mut b, batch, 1, 512),
@@ -177,11 +192,28 @@ impl Builder {
     fn conv(
         &mut self,
         name: String,
+        input: (u64, u64, u64, u64),
+        k: u64,
+        r: u64,
+        stride: u64,
+        pad: u64,
+        epilogue: EpilogueSpec,
+        inputs: &[NodeIndex],
+    ) -> (NodeIndex, u64) {
+        self.grouped_conv(name, input, k, r, stride, pad, 1, epilogue, inputs)
+    }
+
+    /// A convolution with `groups` channel groups (`groups == c`: depthwise).
+    #[allow(clippy::too_many_arguments)]
+    fn grouped_conv(
+        &mut self,
+        name: String,
         (n, h, w, c): (u64, u64, u64, u64),
         k: u64,
         r: u64,
         stride: u64,
         pad: u64,
+        groups: u64,
         epilogue: EpilogueSpec,
         inputs: &[NodeIndex],
     ) -> (NodeIndex, u64) {
@@ -196,6 +228,7 @@ impl Builder {
             stride,
             pad,
             dilation: 1,
+            groups,
             layout: ConvLayout::Nhwc,
         };
         let out = conv.output_hw().map_or(1, |(p, _)| p);
@@ -239,6 +272,17 @@ const NONE: EpilogueSpec = EpilogueSpec {
 
 /// ResNet-50 v1.5 (stride on the 3x3 convolution), batch-norm folded into a bias.
 fn resnet50(b: &mut Builder, n: u64) {
+    bottleneck_resnet(b, n, 1, 1);
+}
+
+/// ResNeXt-50 32x4d: ResNet-50 with 3x3 convolutions of 32 groups, twice as wide.
+fn resnext50(b: &mut Builder, n: u64) {
+    bottleneck_resnet(b, n, 32, 2);
+}
+
+/// The stem and the stages of ResNet-50 and ResNeXt-50: bottleneck blocks whose 3x3
+/// convolution has `groups` groups and `widen` times the ResNet-50 width.
+fn bottleneck_resnet(b: &mut Builder, n: u64, groups: u64, widen: u64) {
     let (stem, _) = b.conv(
         "conv1".into(),
         (n, 224, 224, 3),
@@ -252,11 +296,11 @@ fn resnet50(b: &mut Builder, n: u64) {
     // 3x3/2 max pooling: 112 -> 56.
     let mut x = stem;
     let (mut hw, mut c) = (56, 64);
-    for (stage, &(blocks, width, stride)) in [(3, 64, 1), (4, 128, 2), (6, 256, 2), (3, 512, 2)]
+    for (stage, &(blocks, planes, stride)) in [(3, 64, 1), (4, 128, 2), (6, 256, 2), (3, 512, 2)]
         .iter()
         .enumerate()
     {
-        let out_c = width * 4;
+        let (width, out_c) = (planes * widen, planes * 4);
         for blk in 0..blocks {
             let s = if blk == 0 { stride } else { 1 };
             let p = format!("layer{}.{}", stage + 1, blk);
@@ -270,13 +314,14 @@ fn resnet50(b: &mut Builder, n: u64) {
                 BIAS_RELU,
                 &[x],
             );
-            let (m, out_hw) = b.conv(
+            let (m, out_hw) = b.grouped_conv(
                 format!("{p}.conv2"),
                 (n, hw, hw, width),
                 width,
                 3,
                 s,
                 1,
+                groups,
                 BIAS_RELU,
                 &[a],
             );
@@ -313,6 +358,66 @@ fn resnet50(b: &mut Builder, n: u64) {
     b.dense("fc".into(), n, 1000, 2048, BIAS, &[x]);
 }
 
+/// ResNet-18: basic blocks of two 3x3 convolutions.
+fn resnet18(b: &mut Builder, n: u64) {
+    let (mut x, _) = b.conv(
+        "conv1".into(),
+        (n, 224, 224, 3),
+        64,
+        7,
+        2,
+        3,
+        BIAS_RELU,
+        &[],
+    );
+    let (mut hw, mut c) = (56, 64);
+    for (stage, &(out_c, stride)) in [(64, 1), (128, 2), (256, 2), (512, 2)].iter().enumerate() {
+        for blk in 0..2 {
+            let s = if blk == 0 { stride } else { 1 };
+            let p = format!("layer{}.{}", stage + 1, blk);
+            let (a, out_hw) = b.conv(
+                format!("{p}.conv1"),
+                (n, hw, hw, c),
+                out_c,
+                3,
+                s,
+                1,
+                BIAS_RELU,
+                &[x],
+            );
+            let (z, _) = b.conv(
+                format!("{p}.conv2"),
+                (n, out_hw, out_hw, out_c),
+                out_c,
+                3,
+                1,
+                1,
+                BIAS,
+                &[a],
+            );
+            if s != 1 || c != out_c {
+                let (d, _) = b.conv(
+                    format!("{p}.downsample"),
+                    (n, hw, hw, c),
+                    out_c,
+                    1,
+                    s,
+                    0,
+                    BIAS,
+                    &[x],
+                );
+                b.graph.add_edge(d, z, ());
+            } else {
+                b.graph.add_edge(x, z, ());
+            }
+            x = z;
+            hw = out_hw;
+            c = out_c;
+        }
+    }
+    b.dense("fc".into(), n, 1000, 512, BIAS, &[x]);
+}
+
 /// MobileNet-V2's inverted-residual settings: (expansion t, channels c, repeats n, stride s).
 pub const MOBILENET_V2_BLOCKS: [(u64, u64, u64, u64); 7] = [
     (1, 16, 1, 1),
@@ -345,8 +450,17 @@ fn mobilenet_v2(b: &mut Builder, n: u64) {
                     &[x],
                 );
             }
-            // The depthwise 3x3 (stride s) sits here; it only changes the resolution.
-            let out_hw = (hw + 2 - 3) / s + 1;
+            let (d, out_hw) = b.grouped_conv(
+                format!("{p}.depthwise"),
+                (n, hw, hw, hidden),
+                hidden,
+                3,
+                s,
+                1,
+                hidden,
+                BIAS_RELU,
+                &[y],
+            );
             let (z, _) = b.conv(
                 format!("{p}.project"),
                 (n, out_hw, out_hw, hidden),
@@ -355,7 +469,7 @@ fn mobilenet_v2(b: &mut Builder, n: u64) {
                 1,
                 0,
                 BIAS,
-                &[y],
+                &[d],
             );
             if s == 1 && c == out_c {
                 b.graph.add_edge(x, z, ());
@@ -378,15 +492,46 @@ fn mobilenet_v2(b: &mut Builder, n: u64) {
     b.dense("classifier".into(), n, 1000, 1280, BIAS, &[head]);
 }
 
-/// A transformer encoder layer stack (BERT, ViT): `tokens` per sequence, `layers` layers.
+/// A transformer encoder's sizes: model width, heads, feed-forward width, layers.
+#[derive(Clone, Copy)]
+struct EncoderSize {
+    d: u64,
+    heads: u64,
+    ffn: u64,
+    layers: u64,
+}
+
+/// BERT-base and ViT-B.
+const BASE: EncoderSize = EncoderSize {
+    d: 768,
+    heads: 12,
+    ffn: 3072,
+    layers: 12,
+};
+
+/// BERT-tiny (Turc et al., 2019: L=2, H=128, A=2), one of TenSet's test networks.
+const TINY: EncoderSize = EncoderSize {
+    d: 128,
+    heads: 2,
+    ffn: 512,
+    layers: 2,
+};
+
+/// A transformer encoder layer stack (BERT, ViT): `tokens` per sequence.
 fn encoder(
     b: &mut Builder,
     prefix: &str,
+    size: EncoderSize,
     batch: u64,
     tokens: u64,
     input: Option<NodeIndex>,
 ) -> NodeIndex {
-    let (d, heads, ffn, layers) = (768, 12, 3072, 12);
+    let EncoderSize {
+        d,
+        heads,
+        ffn,
+        layers,
+    } = size;
     let hd = d / heads;
     let m = batch * tokens;
     let mut x: Vec<NodeIndex> = input.into_iter().collect();
@@ -413,8 +558,8 @@ fn encoder(
     x[0]
 }
 
-fn bert_base(b: &mut Builder, batch: u64, seq: u64) {
-    encoder(b, "encoder", batch, seq, None);
+fn bert(b: &mut Builder, size: EncoderSize, batch: u64, seq: u64) {
+    encoder(b, "encoder", size, batch, seq, None);
 }
 
 fn vit_b16(b: &mut Builder, batch: u64) {
@@ -428,7 +573,7 @@ fn vit_b16(b: &mut Builder, batch: u64) {
         BIAS,
         &[],
     );
-    let last = encoder(b, "encoder", batch, 197, Some(patch));
+    let last = encoder(b, "encoder", BASE, batch, 197, Some(patch));
     b.dense("head".into(), batch, 1000, 768, BIAS, &[last]);
 }
 
@@ -505,20 +650,50 @@ mod tests {
     }
 
     #[test]
-    fn mobilenet_v2_plus_depthwise_is_about_300_mmacs() {
-        // The depthwise layers we leave out: hidden channels x output pixels x 9.
-        let (mut hw, mut c, mut dw) = (112u64, 32u64, 0u64);
-        for &(t, out_c, repeats, stride) in &MOBILENET_V2_BLOCKS {
-            for r in 0..repeats {
-                let s = if r == 0 { stride } else { 1 };
-                let out_hw = (hw + 2 - 3) / s + 1;
-                dw += c * t * out_hw * out_hw * 9;
-                hw = out_hw;
-                c = out_c;
-            }
+    fn mobilenet_v2_is_about_300_mmacs_with_its_depthwise_layers() {
+        // Sandler et al.: 300M multiply-adds.
+        let m = gmacs("mobilenet-v2", 1) * 1e3;
+        assert!((m - 300.0).abs() < 9.0, "{m}");
+        let net = network("mobilenet-v2", 1, DType::F32).unwrap();
+        let depthwise = net
+            .layers()
+            .into_iter()
+            .filter(|l| l.name.ends_with(".depthwise"))
+            .count();
+        assert_eq!(depthwise, 17);
+    }
+
+    #[test]
+    fn resnext50_and_resnet18_match_torchvision() {
+        // torchvision: ResNeXt-50 32x4d 4.23 GMACs, ResNet-18 1.81.
+        let g = gmacs("resnext50", 1);
+        assert!((g - 4.23).abs() < 0.05, "{g}");
+        let g = gmacs("resnet18", 1);
+        assert!((g - 1.81).abs() < 0.03, "{g}");
+        let tasks = network("resnext50", 1, DType::F32).unwrap().tasks();
+        assert!(
+            tasks
+                .iter()
+                .any(|t| t.workload.to_string().contains("groups=32"))
+        );
+    }
+
+    #[test]
+    fn bert_tiny_counts_its_two_small_layers() {
+        // Per layer: 4 projections 128x128x128, attention 2 x (2 heads x 128 x 128 x 64),
+        // feed-forward 2 x 128x512x128.
+        let per_layer =
+            4.0 * 128f64.powi(3) + 2.0 * 2.0 * 128.0 * 128.0 * 64.0 + 2.0 * 128.0 * 512.0 * 128.0;
+        let g = gmacs("bert-tiny-128", 1) * 1e9;
+        assert!((g - 2.0 * per_layer).abs() < 1.0, "{g}");
+    }
+
+    #[test]
+    fn there_are_ten_networks_and_each_builds() {
+        assert!(NETWORKS.len() >= 10);
+        for (name, _) in NETWORKS {
+            assert!(network(name, 1, DType::BF16).unwrap().macs() > 0, "{name}");
         }
-        let total = gmacs("mobilenet-v2", 1) * 1e3 + dw as f64 / 1e6;
-        assert!((total - 300.0).abs() < 9.0, "{total}");
     }
 
     #[test]

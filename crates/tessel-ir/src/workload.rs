@@ -67,7 +67,8 @@ impl fmt::Display for ConvLayout {
     }
 }
 
-/// A 2-D convolution (groups = 1).
+/// A 2-D convolution. With `groups` > 1 the `c` input and `k` output channels split into that
+/// many independent groups (ResNeXt); `groups == c` is a depthwise convolution (MobileNet).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Conv2d {
     pub n: u64,
@@ -80,7 +81,14 @@ pub struct Conv2d {
     pub stride: u64,
     pub pad: u64,
     pub dilation: u64,
+    /// Channel groups (1: an ordinary convolution); divides `c` and `k`.
+    #[serde(default = "one")]
+    pub groups: u64,
     pub layout: ConvLayout,
+}
+
+fn one() -> u64 {
+    1
 }
 
 impl Conv2d {
@@ -206,6 +214,7 @@ impl Workload {
                 stride: 1,
                 pad: 0,
                 dilation: 1,
+                groups: 1,
                 layout: ConvLayout::Nhwc,
             },
             types: Types::same(dtype),
@@ -348,11 +357,21 @@ impl Workload {
                 ("stride", c.stride),
                 ("pad", c.pad),
                 ("dilation", c.dilation),
+                ("groups", c.groups),
             ],
         }
     }
 
     fn check(&self) -> Result<(), SpecError> {
+        if let Workload::Conv2d { conv, .. } = self
+            && (conv.groups == 0 || conv.c % conv.groups != 0 || conv.k % conv.groups != 0)
+        {
+            return Err(SpecError::BadValue {
+                key: "groups".into(),
+                value: conv.groups.to_string(),
+                reason: format!("groups must divide both c ({}) and k ({})", conv.c, conv.k),
+            });
+        }
         if let Workload::Conv2d { conv, .. } = self
             && conv.output_hw().is_none()
         {
@@ -443,6 +462,67 @@ impl Workload {
                 "bmn",
                 2,
             ),
+            Workload::Conv2d { conv, .. } if conv.groups > 1 => {
+                let (p, q) = conv.output_hw().unwrap_or((1, 1));
+                let (g, cg, kg) = (conv.groups, conv.c / conv.groups, conv.k / conv.groups);
+                let st = conv.stride as i64;
+                let dl = conv.dilation as i64;
+                let pad = -(conv.pad as i64);
+                // Variables: n p q g k (spatial; k within its group), c r s (reduction). The
+                // tensors are the usual ones seen with the channel dimension split into
+                // (group, channel in group): the same memory, plain indices.
+                let vars = vec![
+                    IterVar::spatial("n", conv.n),
+                    IterVar::spatial("p", p),
+                    IterVar::spatial("q", q),
+                    IterVar::spatial("g", g),
+                    IterVar::spatial("k", kg),
+                    IterVar::reduction("c", cg),
+                    IterVar::reduction("r", conv.r),
+                    IterVar::reduction("s", conv.s),
+                ];
+                let row = AffineExpr::new(&[(1, st), (6, dl)], pad);
+                let col = AffineExpr::new(&[(2, st), (7, dl)], pad);
+                let (x, w, out, layout) = match conv.layout {
+                    ConvLayout::Nhwc => (
+                        operand(
+                            "I",
+                            vec![conv.n, conv.h, conv.w, g, cg],
+                            types.dtype,
+                            "nhwgc",
+                            vec![v(0), row, col, v(3), v(5)],
+                        ),
+                        operand(
+                            "W",
+                            vec![g, kg, conv.r, conv.s, cg],
+                            types.wdtype,
+                            "gkrsc",
+                            vec![v(3), v(4), v(6), v(7), v(5)],
+                        ),
+                        vec![conv.n, p, q, g, kg],
+                        "nhwgk",
+                    ),
+                    ConvLayout::Nchw => (
+                        operand(
+                            "I",
+                            vec![conv.n, g, cg, conv.h, conv.w],
+                            types.dtype,
+                            "ngchw",
+                            vec![v(0), v(3), v(5), row, col],
+                        ),
+                        operand(
+                            "W",
+                            vec![g, kg, cg, conv.r, conv.s],
+                            types.wdtype,
+                            "gkcrs",
+                            vec![v(3), v(4), v(5), v(6), v(7)],
+                        ),
+                        vec![conv.n, g, kg, p, q],
+                        "ngkhw",
+                    ),
+                };
+                (vars, vec![x, w], out, layout, 4)
+            }
             Workload::Conv2d { conv, .. } => {
                 let (p, q) = conv.output_hw().unwrap_or((1, 1));
                 let st = conv.stride as i64;
@@ -502,6 +582,8 @@ impl Workload {
             }
         };
         let out_idx: Vec<AffineExpr> = match (self, out_layout) {
+            (Workload::Conv2d { .. }, "nhwgk") => vec![v(0), v(1), v(2), v(3), v(4)],
+            (Workload::Conv2d { .. }, "ngkhw") => vec![v(0), v(3), v(4), v(1), v(2)],
             (Workload::Conv2d { .. }, "nchw") => vec![v(0), v(3), v(1), v(2)],
             (Workload::Conv2d { .. }, _) => vec![v(0), v(1), v(2), v(3)],
             (Workload::Bmm { .. }, _) => vec![v(0), v(1), v(2)],
@@ -510,14 +592,14 @@ impl Workload {
         let e = self.epilogue();
         let mut epilogue = Vec::new();
         if e.bias {
-            let n = vars[bias_var].extent;
-            epilogue.push(Epilogue::Bias(operand(
-                "bias",
-                vec![n],
-                acc,
-                "n",
-                vec![v(bias_var)],
-            )));
+            // A grouped convolution's per-channel bias, seen as (group, channel in group).
+            let grouped = matches!(self, Workload::Conv2d { conv, .. } if conv.groups > 1);
+            let (shape, layout, idx) = if grouped {
+                (vec![vars[3].extent, vars[4].extent], "gk", vec![v(3), v(4)])
+            } else {
+                (vec![vars[bias_var].extent], "n", vec![v(bias_var)])
+            };
+            epilogue.push(Epilogue::Bias(operand("bias", shape, acc, layout, idx)));
         }
         if e.relu {
             epilogue.push(Epilogue::Relu);
@@ -554,6 +636,9 @@ impl fmt::Display for Workload {
                 if c.dilation != 1 {
                     write!(f, ",dilation={}", c.dilation)?;
                 }
+                if c.groups != 1 {
+                    write!(f, ",groups={}", c.groups)?;
+                }
                 write!(f, ",layout={}", c.layout)?;
             }
         }
@@ -584,7 +669,8 @@ impl FromStr for Workload {
     type Err = SpecError;
 
     /// Parses `kind:key=value,...`. Keys: gemm/dense `m n k`; bmm `b m n k`; conv2d
-    /// `n h w c k r s` with optional `stride` (1), `pad` (0), `dilation` (1), `layout` (nhwc).
+    /// `n h w c k r s` with optional `stride` (1), `pad` (0), `dilation` (1), `groups` (1),
+    /// `layout` (nhwc).
     /// All kinds: `dtype` (required), optional `wdtype`, `epilogue` (`bias`, `relu`,
     /// `bias+relu`) and `out` (output dtype).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -611,7 +697,7 @@ impl FromStr for Workload {
             "bmm" => (&["b", "m", "n", "k"], &[]),
             "conv2d" => (
                 &["n", "h", "w", "c", "k", "r", "s"],
-                &["stride", "pad", "dilation"],
+                &["stride", "pad", "dilation", "groups"],
             ),
             other => {
                 return Err(SpecError::UnknownKind {
@@ -768,6 +854,7 @@ impl FromStr for Workload {
                         stride: number("stride", Some(1), 1)?,
                         pad: number("pad", Some(0), 0)?,
                         dilation: number("dilation", Some(1), 1)?,
+                        groups: number("groups", Some(1), 1)?,
                         layout,
                     },
                     types,
@@ -783,6 +870,85 @@ impl FromStr for Workload {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grouped_convolutions_are_independent_convolutions_per_group() {
+        use crate::{TensorData, Trace};
+        let grouped: Workload =
+            "conv2d:n=1,h=5,w=5,c=4,k=6,r=3,s=3,stride=2,pad=1,groups=2,dtype=i8"
+                .parse()
+                .unwrap();
+        assert_eq!(
+            grouped.to_string(),
+            "conv2d:n=1,h=5,w=5,c=4,k=6,r=3,s=3,stride=2,pad=1,groups=2,layout=nhwc,dtype=i8"
+        );
+        // Half the channels meet half the filters: half an ordinary convolution's MACs.
+        let dense: Workload = "conv2d:n=1,h=5,w=5,c=4,k=6,r=3,s=3,stride=2,pad=1,dtype=i8"
+            .parse()
+            .unwrap();
+        assert_eq!(2 * grouped.macs(), dense.macs());
+        let run = |w: &Workload, inputs: &[TensorData]| {
+            let op = w.to_op();
+            op.validate().unwrap();
+            Trace::new().lower(&op, &()).unwrap().run(inputs).unwrap()
+        };
+        let x = TensorData::random(vec![1, 5, 5, 2, 2], DType::I8, 1);
+        let f = TensorData::random(vec![2, 3, 3, 3, 2], DType::I8, 2);
+        let y = run(&grouped, &[x.clone(), f.clone()]);
+        assert_eq!(y.shape, vec![1, 3, 3, 2, 3]);
+        let one: Workload = "conv2d:n=1,h=5,w=5,c=2,k=3,r=3,s=3,stride=2,pad=1,dtype=i8"
+            .parse()
+            .unwrap();
+        for g in 0..2 {
+            // Group g's channels of the input, and its filters.
+            let xg: Vec<f64> = x
+                .data
+                .chunks(2)
+                .skip(g)
+                .step_by(2)
+                .flatten()
+                .copied()
+                .collect();
+            let fg = f.data[g * 54..(g + 1) * 54].to_vec();
+            let yg = run(
+                &one,
+                &[
+                    TensorData {
+                        shape: vec![1, 5, 5, 2],
+                        dtype: DType::I8,
+                        data: xg,
+                    },
+                    TensorData {
+                        shape: vec![3, 3, 3, 2],
+                        dtype: DType::I8,
+                        data: fg,
+                    },
+                ],
+            );
+            let want: Vec<f64> = y
+                .data
+                .chunks(3)
+                .skip(g)
+                .step_by(2)
+                .flatten()
+                .copied()
+                .collect();
+            assert_eq!(yg.data, want, "group {g}");
+        }
+        // Groups must divide both channel counts.
+        let e = "conv2d:n=1,h=5,w=5,c=4,k=6,r=3,s=3,groups=4,dtype=f32"
+            .parse::<Workload>()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("groups") && e.contains("divide"), "{e}");
+        // Depthwise, NCHW, with a bias: a valid operator with a (group, channel) bias.
+        let dw: Workload =
+            "conv2d:n=1,h=8,w=8,c=16,k=16,r=3,s=3,pad=1,groups=16,layout=nchw,dtype=f32,epilogue=bias"
+                .parse()
+                .unwrap();
+        dw.to_op().validate().unwrap();
+        assert_eq!(dw.macs(), 16 * 64 * 9);
+    }
 
     #[test]
     fn examples_round_trip() {
