@@ -139,11 +139,13 @@ pub fn best(best: &[TuningRecord], emit: Option<Emit>, json: bool) -> Result<()>
 
 pub fn dataset(r: &DatasetReport, opts: &DatasetOptions) {
     println!(
-        "{} tasks on {} ({}): {} schedules measured ({} errors, {} cut short), {} already in {}, {:.1} s",
+        "{} tasks on {} ({}): {} schedules measured ({} from search rounds ranked by {}, the rest random; {} errors, {} cut short), {} already in {}, {:.1} s",
         r.tasks,
         r.platform,
         r.machine,
         r.measured,
+        r.searched,
+        r.search_model,
         r.errors,
         r.cut_short,
         r.existing,

@@ -74,6 +74,18 @@ fn out_of_range_options_are_refused_before_any_work() {
         (vec!["tune", "--workload", w, "--threads", "0"], "threads"),
         (vec!["tune", "--workload", w, "--epsilon", "5"], "epsilon"),
         (
+            vec![
+                "dataset",
+                "--workload",
+                w,
+                "--out",
+                "d.jsonl",
+                "--search-share",
+                "1.5",
+            ],
+            "search-share 1.5",
+        ),
+        (
             vec!["tune", "--workload", w, "--population", "0"],
             "population",
         ),

@@ -33,6 +33,12 @@ pub struct TuningRecord {
     pub version: String,
     /// Seconds since the Unix epoch.
     pub time: f64,
+    /// How the candidate was chosen: `random` (a dataset's uniform sample of the whole
+    /// space) or `search` (proposed by the evolutionary search: `tune`, or a dataset's search
+    /// share). Absent in records written before samplers were recorded (datasets then were
+    /// all random).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampler: Option<String>,
 }
 
 impl TuningRecord {
@@ -54,7 +60,14 @@ impl TuningRecord {
             result,
             version: TESSEL_VERSION.to_string(),
             time: now(),
+            sampler: None,
         }
+    }
+
+    /// The record with how its candidate was chosen (`random` or `search`).
+    pub fn with_sampler(mut self, sampler: &str) -> Self {
+        self.sampler = Some(sampler.to_string());
+        self
     }
 
     /// The record's workload, parsed from its spec.

@@ -234,6 +234,12 @@ impl<'a> Tuner<'a> {
         }
     }
 
+    /// The log back, to append to after the search (a dataset interleaves its random
+    /// samples and search rounds in one file).
+    pub fn into_log(self) -> Option<RecordLog> {
+        self.log
+    }
+
     /// Takes what the log already holds for these tasks on this target and machine: those
     /// candidates count as trials, set the bests, and are never measured again.
     pub fn resume(&mut self, tasks: &mut [Task], records: &[TuningRecord]) {
@@ -459,6 +465,7 @@ impl<'a> Tuner<'a> {
                     task.space.mapping_label(&p.sketch),
                     r.clone(),
                 )
+                .with_sampler("search")
             })
             .collect();
         // Durable before anything learns from it.

@@ -8,10 +8,12 @@ use std::time::Instant;
 use serde::Serialize;
 use tessel_intrin::{Catalog, CpuPlatform, HostCpu};
 use tessel_ir::{DType, Types, Workload, network_with_types};
-use tessel_measure::{Candidate, Measurer};
+use tessel_measure::{Candidate, CostModel, Measurer};
 use tessel_search::records::RecordKey;
 use tessel_search::rng::Rng;
-use tessel_search::{InstructionSet, RecordLog, Space, TuningRecord};
+use tessel_search::{
+    InstructionSet, RandomModel, RecordLog, SearchOptions, Space, Task, Tuner, TuningRecord,
+};
 
 use crate::data::strict_read;
 use crate::error::{Context, Result, bail};
@@ -58,6 +60,11 @@ pub struct DatasetOptions {
     /// Seed of the sampling.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 1))]
     pub seed: u64,
+    /// Share of each task's schedules proposed by search rounds (the evolutionary search,
+    /// ranked by the shipped model on CPU targets), as TenSet sampled Ansor's search; the rest
+    /// are uniform samples of the whole space. Records say which (`sampler`).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 0.5))]
+    pub search_share: f64,
     /// Only the first N tasks (after de-duplication, before sharding).
     #[cfg_attr(feature = "clap", arg(long))]
     pub max_tasks: Option<usize>,
@@ -81,6 +88,10 @@ pub struct DatasetReport {
     pub errors: usize,
     /// Of which were recorded after their checked run alone (over `CUT_SHORT_FACTOR` times the task's best).
     pub cut_short: usize,
+    /// Of which were proposed by search rounds (the rest: uniform random samples).
+    pub searched: usize,
+    /// The cost model that ranked the search rounds.
+    pub search_model: String,
     /// Records already in the file.
     pub existing: usize,
     /// Tasks with fewer distinct schedules than asked, and how many they got.
@@ -223,14 +234,21 @@ fn dataset_workloads(o: &DatasetOptions, types: Types) -> Result<Vec<Workload>> 
     Ok(workloads)
 }
 
-/// Samples `per_task` distinct random schedules of every task from the whole space, measures
-/// them and appends the records to `out` (a rerun measures only what is missing).
+/// Samples `per_task` distinct schedules of every task, a `search_share` of them from search
+/// rounds and the rest uniformly from the whole space, measures them and appends the records
+/// to `out` (a rerun measures only what is missing).
 pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<DatasetReport> {
     if o.per_task == 0 {
         bail!("per-task must be at least 1");
     }
     if o.max_tasks == Some(0) {
         bail!("max-tasks 0 leaves nothing to measure");
+    }
+    if !(0.0..=1.0).contains(&o.search_share) {
+        bail!(
+            "search-share {} is not a share between 0 and 1",
+            o.search_share
+        );
     }
     if let Some(w) = &o.workload {
         w.validate().with_context(|| format!("workload `{w}`"))?;
@@ -245,13 +263,16 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
     let workloads = dataset_workloads(o, types)?;
     let existing = read_log_noting(&o.out, progress)?;
     let fp = measurer.fingerprint().clone();
-    let mut log = RecordLog::open(&o.out)?;
+    let mut model = search_model(o, &fp, progress)?;
+    let search_model_name = model.name();
+    let mut log = Some(RecordLog::open(&o.out)?);
     let mut done: HashSet<_> = existing.records.iter().map(|r| r.key()).collect();
 
     progress.start("schedules", (workloads.len() * o.per_task) as u64);
     let start = Instant::now();
     let (mut measured, mut errors, mut position) = (0usize, 0usize, 0u64);
     let mut cut_short = 0usize;
+    let mut searched = 0usize;
     let mut short = Vec::new();
     for w in &workloads {
         let spec = w.to_string();
@@ -266,6 +287,11 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
         let here =
             |r: &&TuningRecord| r.fingerprint == fp && r.result.as_ref().is_ok_and(|m| !m.emulated);
         let have = mine().count();
+        let have_search = mine()
+            .filter(|r| r.sampler.as_deref() == Some("search"))
+            .count();
+        let want_search = (o.per_task as f64 * o.search_share).round() as usize;
+        let want_random = o.per_task - want_search;
         // The task's best so far: a schedule over five times slower is recorded after its
         // checked run alone (`cut_short`), sparing the timed runs of the slowest schedules.
         let mut best: Option<f64> = mine()
@@ -274,7 +300,8 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
             .reduce(f64::min);
         position += have.min(o.per_task) as u64;
         progress.update(position, &spec);
-        let mut need = o.per_task.saturating_sub(have);
+        let mut need = want_random.saturating_sub(have - have_search);
+        let mut fresh: Vec<TuningRecord> = Vec::new();
         let mut rng = Rng::new(o.seed ^ hash(&spec));
         let mut attempts = 0;
         while need > 0 && attempts < 50 * o.per_task {
@@ -312,13 +339,51 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
                         best = Some(best.map_or(m.timing.median_s, |b| b.min(m.timing.median_s)));
                     }
                     TuningRecord::new(w, &target, fp.clone(), c.trace, mapping, r)
+                        .with_sampler("random")
                 })
                 .collect();
-            log.append(&records)?;
+            if let Some(log) = &mut log {
+                log.append(&records)?;
+            }
             measured += records.len();
             need -= records.len();
             position += records.len() as u64;
             progress.update(position, &spec);
+            fresh.extend(records);
+        }
+        // Search rounds: the evolutionary search continues from everything measured of the
+        // task (the random samples included) and proposes what the model ranks best.
+        let need_search = want_search.saturating_sub(have_search);
+        if need_search > 0 {
+            let mut tasks = [Task::new(*w, 1, &set)];
+            let search = SearchOptions {
+                seed: o.seed ^ hash(&spec) ^ 0x5ea2c4,
+                ..SearchOptions::default()
+            };
+            let mut tuner = Tuner::new(
+                measurer.as_mut(),
+                model.as_mut(),
+                log.take(),
+                &target,
+                search,
+            );
+            let prior: Vec<TuningRecord> = mine().cloned().chain(fresh.iter().cloned()).collect();
+            tuner.resume(&mut tasks, &prior);
+            let goal = tasks[0].trials + need_search;
+            let base = position;
+            let result = tuner.tune(&mut tasks, goal, &mut |p| {
+                let done = p.trials.saturating_sub(goal - need_search);
+                progress.update(base + done as u64, &spec);
+            });
+            let stats = tuner.stats.clone();
+            log = tuner.into_log();
+            result?;
+            measured += stats.measured;
+            errors += stats.errors;
+            cut_short += stats.cut_short;
+            searched += stats.measured;
+            position += stats.measured as u64;
+            need += need_search - stats.measured.min(need_search);
         }
         if need > 0 {
             progress.note(&format!(
@@ -336,10 +401,35 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
         measured,
         errors,
         cut_short,
+        searched,
+        search_model: search_model_name,
         existing: existing.records.len(),
         short,
         seconds: start.elapsed().as_secs_f64(),
     })
+}
+
+/// The cost model that ranks a dataset's search rounds: the shipped model on CPU targets,
+/// else the random ranking.
+fn search_model(
+    o: &DatasetOptions,
+    fp: &tessel_measure::HardwareFingerprint,
+    progress: &mut dyn Progress,
+) -> Result<Box<dyn CostModel>> {
+    if o.search_share > 0.0
+        && o.target == TargetSpec::Cpu
+        && let Some((path, m)) = crate::tune::shipped_model(progress)
+    {
+        let features = tessel_features::Target::from_fingerprint(fp)?;
+        let online = tessel_model::cost::OnlineOptions {
+            seed: o.seed,
+            ..Default::default()
+        };
+        return Ok(Box::new(tessel_model::ModelCostModel::new(
+            m, features, &path, online,
+        )));
+    }
+    Ok(Box::new(RandomModel::new(o.seed)))
 }
 
 /// Joins dataset shards into the new file `out`, each candidate once; returns the number of

@@ -480,7 +480,7 @@ pub fn fixtures_dir() -> PathBuf {
 
 /// The pretrained model in `fixtures/models/` (see fixtures/README.md), if present and of
 /// this feature schema; otherwise the random cost model is used, with a note.
-fn shipped_model(progress: &mut dyn Progress) -> Option<(String, tessel_model::Model)> {
+pub(crate) fn shipped_model(progress: &mut dyn Progress) -> Option<(String, tessel_model::Model)> {
     let path = fixtures_dir().join("models/cpu.safetensors");
     if !path.exists() {
         progress.note(&format!(

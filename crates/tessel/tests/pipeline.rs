@@ -32,6 +32,7 @@ fn dataset_options(platform: &str, out: PathBuf) -> DatasetOptions {
         batch: 1,
         threads: 1,
         seed: 1,
+        search_share: 0.5,
         max_tasks: None,
         worker_exe: worker(),
     }
@@ -46,6 +47,11 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
         assert_eq!((report.tasks, report.measured, report.existing), (1, 12, 0));
         assert_eq!(report.platform, platform);
         assert!(report.errors < 12, "every schedule failed: {report:?}");
+        // Half random samples of the whole space, half from search rounds; records say which.
+        assert_eq!(report.searched, 6, "{report:?}");
+        let text = std::fs::read_to_string(dir.join(out)).unwrap();
+        assert_eq!(text.matches(r#""sampler":"search""#).count(), 6);
+        assert_eq!(text.matches(r#""sampler":"random""#).count(), 6);
     }
     // Rerunning resumes: nothing new to measure.
     let again = tessel::dataset(
