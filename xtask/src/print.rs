@@ -152,6 +152,18 @@ pub fn dataset(r: &DatasetReport, opts: &DatasetOptions) {
         opts.out.display(),
         r.seconds
     );
+    if let Some(c) = &r.canary {
+        println!(
+            "canary {}: {} runs, {:.3}-{:.3} ms (median {:.3}; drift {:.0}%), log {}",
+            c.workload,
+            c.runs,
+            c.min_ms,
+            c.max_ms,
+            c.median_ms,
+            100.0 * c.drift(),
+            c.log.display()
+        );
+    }
 }
 
 fn comparison(label: &str, c: &Comparison) {

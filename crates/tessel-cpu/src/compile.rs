@@ -188,13 +188,13 @@ impl Compiler {
         std::fs::write(&c, source).map_err(io(&c))?;
         // Build under a private name and rename: a concurrent or killed build never leaves a
         // half-written object under the final name.
-        let tmp = self
-            .cache_dir
-            .join(format!("tsl-{key}.{}.tmp.so", std::process::id()));
+        // Unique per process and call: a prefetch thread may build the same module.
+        static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let nth = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let me = format!("{}-{nth}", std::process::id());
+        let tmp = self.cache_dir.join(format!("tsl-{key}.{me}.tmp.so"));
         let start = Instant::now();
-        let err_path = self
-            .cache_dir
-            .join(format!("tsl-{key}.{}.stderr", std::process::id()));
+        let err_path = self.cache_dir.join(format!("tsl-{key}.{me}.stderr"));
         let err_file = std::fs::File::create(&err_path).map_err(io(&err_path))?;
         // The compiler runs under a small shell in its own process group, so that a timeout
         // kills cc1 and the assembler with the driver, and so that the whole group dies with

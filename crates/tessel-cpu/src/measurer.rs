@@ -65,6 +65,22 @@ pub struct CpuMeasurer {
     worker: Worker,
     catalog: Catalog,
     fingerprint: HardwareFingerprint,
+    /// The background compilation of the batch `prefetch` announced, with its key.
+    prefetching: Option<(String, std::thread::JoinHandle<()>)>,
+    /// How long the prefetch took to build each library, so that records keep their real
+    /// compile time when `measure` finds the library in the cache.
+    prefetched: std::sync::Arc<std::sync::Mutex<BTreeMap<std::path::PathBuf, f64>>>,
+}
+
+/// One shared object of a batch: the kernels of one build mode and the references of those
+/// that need a compiled one.
+struct ModulePlan {
+    mode: Mode,
+    /// Jobs in the module, each with how its result is checked.
+    live: Vec<(usize, Reference)>,
+    /// The jobs' kernels, then the reference kernels.
+    kernels: Vec<Kernel>,
+    features: BTreeSet<String>,
 }
 
 impl CpuMeasurer {
@@ -89,6 +105,8 @@ impl CpuMeasurer {
             worker: Worker::new(worker),
             catalog: Catalog::default(),
             fingerprint,
+            prefetching: None,
+            prefetched: Default::default(),
         })
     }
 
@@ -182,12 +200,13 @@ impl CpuMeasurer {
             .compile(&module_source(kernels), &features, mode)
     }
 
-    /// Compiles and measures prepared kernels (errors pass through in place).
-    pub fn measure_kernels(
-        &mut self,
+    /// How a batch of prepared jobs is built: one module per mode; the jobs whose reference
+    /// kernel could not be generated get their error in `results`.
+    fn plan(
+        &self,
         jobs: &[Result<KernelJob, MeasureError>],
-    ) -> Vec<MeasureResult> {
-        let mut results: Vec<Option<MeasureResult>> = vec![None; jobs.len()];
+        results: &mut [Option<MeasureResult>],
+    ) -> Vec<ModulePlan> {
         let mut by_mode: BTreeMap<Mode, Vec<usize>> = BTreeMap::new();
         for (i, j) in jobs.iter().enumerate() {
             match j {
@@ -195,59 +214,107 @@ impl CpuMeasurer {
                 Err(e) => results[i] = Some(Err(e.clone())),
             }
         }
+        let mut plans = Vec::new();
         for (mode, idx) in by_mode {
-            // Each job's library, reference symbol and share of the compile time.
-            let mut built: Vec<(usize, Library, Reference, f64)> = Vec::new();
             let mut refs: BTreeMap<String, Kernel> = BTreeMap::new();
-            let mut job_ref: BTreeMap<usize, Reference> = BTreeMap::new();
+            let mut live = Vec::new();
             for &i in &idx {
                 let Ok(job) = &jobs[i] else { continue };
                 if self.needs_c_reference(&job.op) {
                     match self.reference_kernel(&job.op) {
                         Ok(k) => {
-                            job_ref.insert(i, Reference::Symbol(k.name.clone()));
+                            live.push((i, Reference::Symbol(k.name.clone())));
                             refs.insert(k.name.clone(), k);
                         }
-                        Err(e) => {
-                            results[i] = Some(Err(e));
-                        }
+                        Err(e) => results[i] = Some(Err(e)),
                     }
                 } else {
-                    job_ref.insert(i, Reference::Interpreter);
+                    live.push((i, Reference::Interpreter));
                 }
             }
-            let live: Vec<usize> = idx
+            let mut kernels: Vec<Kernel> = live
                 .iter()
-                .copied()
-                .filter(|i| job_ref.contains_key(i))
+                .filter_map(|&(i, _)| jobs[i].as_ref().ok().map(|j| j.kernel.clone()))
                 .collect();
-            let mut kernels: Vec<&Kernel> = live
+            kernels.extend(refs.into_values());
+            let features = kernels
                 .iter()
-                .filter_map(|&i| jobs[i].as_ref().ok().map(|j| &j.kernel))
+                .flat_map(|k| k.features.iter().cloned())
                 .collect();
-            kernels.extend(refs.values());
-            match self.build(&kernels, mode) {
+            plans.push(ModulePlan {
+                mode,
+                live,
+                kernels,
+                features,
+            });
+        }
+        plans
+    }
+
+    /// Waits for the background compilation `prefetch` started, if any.
+    fn finish_prefetch(&mut self) {
+        if let Some((_, h)) = self.prefetching.take() {
+            let _ = h.join();
+        }
+    }
+
+    /// Identifies a batch by its kernels' sources.
+    fn batch_key(jobs: &[Result<KernelJob, MeasureError>]) -> String {
+        let sources: Vec<&str> = jobs
+            .iter()
+            .filter_map(|j| j.as_ref().ok().map(|j| j.kernel.source.as_str()))
+            .collect();
+        content_key(&sources)
+    }
+
+    /// Compiles and measures prepared kernels (errors pass through in place).
+    pub fn measure_kernels(
+        &mut self,
+        jobs: &[Result<KernelJob, MeasureError>],
+    ) -> Vec<MeasureResult> {
+        // If this is the batch a prefetch is compiling, wait for it (then it is in the
+        // cache); a prefetch of the next batch keeps compiling while this one is measured.
+        if self
+            .prefetching
+            .as_ref()
+            .is_some_and(|(key, _)| *key == Self::batch_key(jobs))
+        {
+            self.finish_prefetch();
+        }
+        let mut results: Vec<Option<MeasureResult>> = vec![None; jobs.len()];
+        for plan in self.plan(jobs, &mut results) {
+            let mode = plan.mode;
+            // Each job's library, reference symbol and share of the compile time.
+            let mut built: Vec<(usize, Library, Reference, f64)> = Vec::new();
+            let all: Vec<&Kernel> = plan.kernels.iter().collect();
+            match self.build(&all, mode) {
                 Ok(lib) => {
-                    let share = lib.compile_time.as_secs_f64() / live.len().max(1) as f64;
-                    for &i in &live {
-                        built.push((i, lib.clone(), job_ref[&i].clone(), share));
+                    let secs = self
+                        .prefetched
+                        .lock()
+                        .ok()
+                        .and_then(|mut m| m.remove(&lib.path))
+                        .unwrap_or(lib.compile_time.as_secs_f64());
+                    let share = secs / plan.live.len().max(1) as f64;
+                    for (i, r) in &plan.live {
+                        built.push((*i, lib.clone(), r.clone(), share));
                     }
                 }
                 Err(_) => {
                     // Find the culprits: compile each kernel on its own (with its reference).
-                    for &i in &live {
-                        let Ok(job) = &jobs[i] else { continue };
+                    for (i, r) in &plan.live {
+                        let Ok(job) = &jobs[*i] else { continue };
                         let mut ks = vec![&job.kernel];
-                        if let Reference::Symbol(s) = &job_ref[&i] {
-                            ks.extend(refs.get(s));
+                        if let Reference::Symbol(s) = r {
+                            ks.extend(plan.kernels.iter().find(|k| &k.name == s));
                         }
                         match self.build(&ks, mode) {
                             Ok(lib) => {
                                 let t = lib.compile_time.as_secs_f64();
-                                built.push((i, lib, job_ref[&i].clone(), t));
+                                built.push((*i, lib, r.clone(), t));
                             }
                             Err(e) => {
-                                results[i] = Some(Err(MeasureError::new(
+                                results[*i] = Some(Err(MeasureError::new(
                                     MeasureErrorKind::Compile,
                                     e.to_string(),
                                 )));
@@ -320,11 +387,53 @@ impl Measurer for CpuMeasurer {
     }
 
     fn measure(&mut self, candidates: &[Candidate]) -> Vec<MeasureResult> {
-        let jobs: Vec<Result<KernelJob, MeasureError>> = candidates
+        let jobs = self.prepare_batch(candidates);
+        self.measure_kernels(&jobs)
+    }
+
+    /// Compiles the batch in a background thread (into the compile cache, where `measure`
+    /// finds it), so that compiling the next batch overlaps measuring this one. Only when
+    /// kernels run on one thread: a multi-threaded kernel's timing needs every core.
+    fn prefetch(&mut self, candidates: &[Candidate]) {
+        self.finish_prefetch();
+        if self.opts.threads > 1 || candidates.is_empty() {
+            return;
+        }
+        let jobs = self.prepare_batch(candidates);
+        let mut ignored = vec![None; jobs.len()];
+        let plans = self.plan(&jobs, &mut ignored);
+        let compiler = self.compiler.clone();
+        let times = self.prefetched.clone();
+        let handle = std::thread::spawn(move || {
+            for p in plans {
+                let refs: Vec<&Kernel> = p.kernels.iter().collect();
+                // Errors surface again when `measure` builds the same module.
+                if let Ok(lib) = compiler.compile(&module_source(&refs), &p.features, p.mode)
+                    && !lib.cached
+                    && let Ok(mut m) = times.lock()
+                {
+                    m.insert(lib.path, lib.compile_time.as_secs_f64());
+                }
+            }
+        });
+        self.prefetching = Some((Self::batch_key(&jobs), handle));
+    }
+}
+
+impl CpuMeasurer {
+    /// The jobs `measure` builds of a batch (kernel names by position, so that the same
+    /// batch always makes the same module).
+    fn prepare_batch(&self, candidates: &[Candidate]) -> Vec<Result<KernelJob, MeasureError>> {
+        candidates
             .iter()
             .enumerate()
             .map(|(i, c)| self.prepare(c, &format!("tsl_k{i}")))
-            .collect();
-        self.measure_kernels(&jobs)
+            .collect()
+    }
+}
+
+impl Drop for CpuMeasurer {
+    fn drop(&mut self) {
+        self.finish_prefetch();
     }
 }

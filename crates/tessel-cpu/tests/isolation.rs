@@ -173,3 +173,61 @@ fn a_checked_run_over_its_budget_is_the_whole_measurement() {
     assert_eq!(naive().with_budget(Some(f64::NAN)).budget_s, None);
     assert_eq!(naive().with_budget(Some(-1.0)).budget_s, None);
 }
+
+#[test]
+fn a_prefetched_batch_compiles_in_the_background_and_measures_the_same() {
+    // A private cache, so that nothing is compiled before this test compiles it.
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("prefetch-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    let opts = tessel_cpu::CpuOptions {
+        timing: tessel_cpu::TimingOptions {
+            warmup: 0,
+            min_runs: 1,
+            max_runs: 1,
+            min_time_s: 0.0,
+            budget_s: None,
+        },
+        ..tessel_cpu::CpuOptions::default()
+    };
+    let mut m = tessel_cpu::CpuMeasurer::with_compiler(
+        tessel_cpu::WorkerCommand::new(env!("CARGO_BIN_EXE_tessel-cpu-worker")),
+        opts,
+        tessel_cpu::Compiler::new(&cache).unwrap(),
+    )
+    .unwrap();
+    let batch = |sizes: &[u64]| -> Vec<Candidate> {
+        sizes
+            .iter()
+            .map(|&n| {
+                let w: tessel_ir::Workload =
+                    format!("gemm:m={n},n={n},k={n},dtype=f32").parse().unwrap();
+                Candidate::new(w.to_op(), tessel_ir::Trace::new())
+            })
+            .collect()
+    };
+    let (first, second) = (batch(&[8, 12]), batch(&[16, 20, 24]));
+    // The second batch compiles while the first is measured.
+    m.prefetch(&second);
+    let a = m.measure(&first);
+    let b = m.measure(&second);
+    for r in a.iter().chain(&b) {
+        let r = r.as_ref().expect("measured");
+        assert!(r.max_error <= 1e-3, "{r:?}");
+    }
+    // Records keep the compile time the background build took...
+    assert!(b.iter().all(|r| r.as_ref().unwrap().compile_time_s > 0.0));
+    // ...which a batch found in the cache without a prefetch does not have.
+    let again = m.measure(&second);
+    assert!(
+        again
+            .iter()
+            .all(|r| r.as_ref().unwrap().compile_time_s == 0.0)
+    );
+    // A prefetch never measures: announcing a batch that is not measured next is harmless.
+    m.prefetch(&batch(&[28]));
+    let c = m.measure(&first);
+    assert!(c.iter().all(Result::is_ok));
+    drop(m);
+    let _ = std::fs::remove_dir_all(&cache);
+}

@@ -221,6 +221,11 @@ pub trait Measurer {
     fn fingerprint(&self) -> &HardwareFingerprint;
 
     fn measure(&mut self, candidates: &[Candidate]) -> Vec<MeasureResult>;
+
+    /// Says which candidates `measure` will be given next, so that a backend can prepare
+    /// them (compile them on another core) while the current batch runs. Only a hint: the
+    /// results of `measure` do not depend on it. The default does nothing.
+    fn prefetch(&mut self, _candidates: &[Candidate]) {}
 }
 
 /// Scores lowered programs so the search can measure the promising ones first, and learns

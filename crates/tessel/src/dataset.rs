@@ -92,12 +92,117 @@ pub struct DatasetReport {
     pub searched: usize,
     /// The cost model that ranked the search rounds.
     pub search_model: String,
+    /// The canary: one fixed kernel measured at every task's start and every few batches,
+    /// so that drift and noise on the machine show in its log next to the records.
+    pub canary: Option<CanaryReport>,
     /// Records already in the file.
     pub existing: usize,
     /// Tasks with fewer distinct schedules than asked, and how many they got.
     pub short: Vec<(String, usize)>,
     /// Wall time, s.
     pub seconds: f64,
+}
+
+/// What the canary kernel measured during a `dataset` run.
+#[derive(Clone, Debug, Serialize)]
+pub struct CanaryReport {
+    /// The canary's workload.
+    pub workload: String,
+    /// Its log: one record per measurement (`<out>.canary.jsonl`, next to the dataset).
+    pub log: PathBuf,
+    /// Measurements this run.
+    pub runs: usize,
+    /// Fastest of the measurements (each the median of its runs), ms.
+    pub min_ms: f64,
+    /// Their median, ms.
+    pub median_ms: f64,
+    /// The slowest, ms.
+    pub max_ms: f64,
+}
+
+impl CanaryReport {
+    /// (slowest - fastest) / fastest: how much the machine drifted during the run.
+    pub fn drift(&self) -> f64 {
+        (self.max_ms - self.min_ms) / self.min_ms.max(1e-12)
+    }
+}
+
+/// Random batches between two canary measurements (one also opens every task).
+pub const CANARY_EVERY: usize = 8;
+
+/// The canary: a 256^3 GEMM in the platform's types, with the classic schedule of its first
+/// instruction (the naive loop nest where the platform has none).
+struct Canary {
+    workload: Workload,
+    candidate: Candidate,
+    log: RecordLog,
+    path: PathBuf,
+    latencies: Vec<f64>,
+}
+
+impl Canary {
+    fn new(out: &Path, types: Types, set: &InstructionSet) -> Result<Self> {
+        let workload = Workload::gemm(256, 256, 256, types.dtype).with_types(types);
+        let op = workload.to_op();
+        let space = Space::new(&op, set);
+        let trace = space
+            .seeds()
+            .first()
+            .and_then(|s| space.trace(s).ok())
+            .unwrap_or_default();
+        let name = out
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("dataset")
+            .trim_end_matches(".gz")
+            .trim_end_matches(".jsonl");
+        let path = out.with_file_name(format!("{name}.canary.jsonl"));
+        Ok(Canary {
+            workload,
+            candidate: Candidate::new(op, trace),
+            log: RecordLog::open(&path)?,
+            path,
+            latencies: Vec::new(),
+        })
+    }
+
+    fn measure(&mut self, measurer: &mut dyn Measurer, target: &str) -> Result<()> {
+        let fp = measurer.fingerprint().clone();
+        let Some(r) = measurer
+            .measure(std::slice::from_ref(&self.candidate))
+            .pop()
+        else {
+            return Ok(());
+        };
+        if let Ok(m) = &r {
+            self.latencies.push(m.timing.median_s);
+        }
+        let record = TuningRecord::new(
+            &self.workload,
+            target,
+            fp,
+            self.candidate.trace.clone(),
+            None,
+            r,
+        )
+        .with_sampler("canary");
+        self.log.append(&[record])?;
+        Ok(())
+    }
+
+    fn report(&self) -> Option<CanaryReport> {
+        let mut l = self.latencies.clone();
+        l.sort_by(f64::total_cmp);
+        let (first, last) = (*l.first()?, *l.last()?);
+        Some(CanaryReport {
+            workload: self.workload.to_string(),
+            log: self.path.clone(),
+            runs: l.len(),
+            min_ms: first * 1e3,
+            median_ms: l[l.len() / 2] * 1e3,
+            max_ms: last * 1e3,
+        })
+    }
 }
 
 /// `I/N` with `I < N`.
@@ -266,6 +371,7 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
     let mut model = search_model(o, &fp, progress)?;
     let search_model_name = model.name();
     let mut log = Some(RecordLog::open(&o.out)?);
+    let mut canary = Canary::new(&o.out, types, &set)?;
     let mut done: HashSet<_> = existing.records.iter().map(|r| r.key()).collect();
 
     progress.start("schedules", (workloads.len() * o.per_task) as u64);
@@ -301,15 +407,18 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
         position += have.min(o.per_task) as u64;
         progress.update(position, &spec);
         let mut need = want_random.saturating_sub(have - have_search);
+        let mut batches = 0usize;
+        if need > 0 || want_search > have_search {
+            canary.measure(measurer.as_mut(), &target)?;
+        }
         let mut fresh: Vec<TuningRecord> = Vec::new();
         let mut rng = Rng::new(o.seed ^ hash(&spec));
         let mut attempts = 0;
-        while need > 0 && attempts < 50 * o.per_task {
+        // Up to `n` new distinct random schedules (fewer when the space runs dry).
+        let mut sample = |n: usize| {
             let mut batch = Vec::new();
             let mut labels = Vec::new();
-            // A small first batch gives the task a best, and so a budget, early.
-            let size = if best.is_none() { 4 } else { 16 };
-            while batch.len() < need.min(size) && attempts < 50 * o.per_task {
+            while batch.len() < n && attempts < 50 * o.per_task {
                 attempts += 1;
                 let sketch = space.sample(&mut rng);
                 let Ok(trace) = space.trace(&sketch) else {
@@ -319,11 +428,34 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
                     continue;
                 }
                 labels.push(space.mapping_label(&sketch));
-                let budget = best.map(tessel_search::cut_short_budget);
-                batch.push(Candidate::new(op.clone(), trace).with_budget(budget));
+                batch.push(Candidate::new(op.clone(), trace));
             }
+            (batch, labels)
+        };
+        let mut next = None;
+        while need > 0 {
+            // A small first batch gives the task a best, and so a budget, early.
+            let size = if best.is_none() { 4 } else { 16 };
+            let (mut batch, labels) = next.take().unwrap_or_else(|| sample(need.min(size)));
             if batch.is_empty() {
                 break;
+            }
+            // The batch after this one compiles on the other core while this one is measured.
+            let after = need - batch.len();
+            if after > 0 {
+                let (b, l) = sample(after.min(16));
+                if !b.is_empty() {
+                    measurer.prefetch(&b);
+                    next = Some((b, l));
+                }
+            }
+            let budget = best.map(tessel_search::cut_short_budget);
+            for c in &mut batch {
+                c.budget_s = budget;
+            }
+            batches += 1;
+            if batches % CANARY_EVERY == 0 {
+                canary.measure(measurer.as_mut(), &target)?;
             }
             let results = measurer.measure(&batch);
             let records: Vec<TuningRecord> = batch
@@ -403,6 +535,7 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
         cut_short,
         searched,
         search_model: search_model_name,
+        canary: canary.report(),
         existing: existing.records.len(),
         short,
         seconds: start.elapsed().as_secs_f64(),

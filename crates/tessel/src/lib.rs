@@ -53,7 +53,9 @@ mod worker;
 
 pub use bench::{BENCH_HEADER, BenchOptions, BenchReport, BenchRow, bench_cpu, bench_row_line};
 pub use data::{load, network_filter, strict_read};
-pub use dataset::{DatasetOptions, DatasetReport, dataset, merge, parse_shard};
+pub use dataset::{
+    CANARY_EVERY, CanaryReport, DatasetOptions, DatasetReport, dataset, merge, parse_shard,
+};
 pub use error::{Context, Error, Result};
 pub use export::{ExportOptions, ExportReport, ExportedKernel, export};
 pub use learn::{

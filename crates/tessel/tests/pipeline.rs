@@ -52,6 +52,16 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
         let text = std::fs::read_to_string(dir.join(out)).unwrap();
         assert_eq!(text.matches(r#""sampler":"search""#).count(), 6);
         assert_eq!(text.matches(r#""sampler":"random""#).count(), 6);
+        // The canary opened the task, in its own log next to the dataset.
+        let canary = report.canary.as_ref().expect("a canary");
+        assert!(canary.runs >= 1 && canary.min_ms > 0.0, "{canary:?}");
+        let stem = out.trim_end_matches(".jsonl");
+        assert_eq!(canary.log, dir.join(format!("{stem}.canary.jsonl")));
+        assert!(
+            std::fs::read_to_string(&canary.log)
+                .unwrap()
+                .contains(r#""sampler":"canary""#)
+        );
     }
     // Rerunning resumes: nothing new to measure.
     let again = tessel::dataset(
