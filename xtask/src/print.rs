@@ -93,6 +93,18 @@ pub fn tune(r: &TuneReport, opts: &TuneOptions) {
         (Some(l), Some(g)) => println!("best: {l:.4} ms, {g:.1} GFLOP/s"),
         _ => println!("best: no task has a valid candidate yet"),
     }
+    for t in &r.tasks {
+        if let Some(ms) = t.remeasured_ms {
+            let spread = t.allocation_spread.map_or(String::new(), |s| {
+                format!(", spread {:.1}% across them", 100.0 * s)
+            });
+            println!(
+                "re-measured on {} fresh allocations: {ms:.4} ms{spread}  ({})",
+                tessel::REMEASURE_ALLOCATIONS,
+                t.workload
+            );
+        }
+    }
     println!(
         "{} trials ({} measured now, {} from the log, {} errors, {} cut short) in {:.1} s; search overhead {:.2} s ({:.1}%)",
         r.trials,

@@ -362,6 +362,7 @@ impl CpuMeasurer {
                 samples,
                 max_error,
                 cut_short,
+                allocation_medians,
             }) => {
                 let timing = Timing::from_samples(&samples).ok_or_else(|| {
                     MeasureError::new(MeasureErrorKind::Runtime, "the worker returned no timings")
@@ -373,12 +374,23 @@ impl CpuMeasurer {
                     emulated: job.mode == Mode::Emulated,
                     gflops: job.op.flops() as f64 / timing.median_s / 1e9,
                     cut_short,
+                    allocation_spread: spread_of(&allocation_medians),
                 })
             }
             Ok(Reply::Err { kind, message }) => Err(MeasureError::new(kind, message)),
             Err(e) => Err(e.to_measure_error(&job.kernel.name)),
         }
     }
+}
+
+/// (slowest - fastest) / fastest of per-allocation medians; `None` for fewer than two.
+fn spread_of(medians: &[f64]) -> Option<f64> {
+    if medians.len() < 2 {
+        return None;
+    }
+    let lo = medians.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = medians.iter().copied().fold(0.0, f64::max);
+    Some((hi - lo) / lo.max(1e-12))
 }
 
 impl Measurer for CpuMeasurer {

@@ -150,33 +150,59 @@ impl State {
                 samples: vec![checked_s],
                 max_error,
                 cut_short: true,
+                allocation_medians: Vec::new(),
             };
         }
         let out = &job.op.output.tensor;
-        let mut output = AlignedBuf::zeroed(out.bytes() as usize);
-        let args = arg_pointers(&mut p.inputs, &mut output);
-        let run = || {
-            // SAFETY: the arguments match the kernel's operator, as checked by the run above.
-            unsafe { kernel(args.as_ptr()) }
-        };
-        for _ in 0..job.timing.warmup {
-            run();
-        }
+        let allocations = job.timing.allocations.max(1);
         let mut samples = Vec::new();
-        let start = Instant::now();
-        loop {
-            let t = Instant::now();
-            run();
-            samples.push(t.elapsed().as_secs_f64());
-            let n = samples.len() as u32;
-            if job.timing.done(n, start.elapsed().as_secs_f64()) {
-                break;
+        let mut medians = Vec::new();
+        for a in 0..allocations {
+            // The first allocation is the checked one; each later one copies the inputs to
+            // fresh memory, so the kernel meets other addresses and other physical pages.
+            let mut fresh: Vec<AlignedBuf> = if a == 0 {
+                Vec::new()
+            } else {
+                p.inputs
+                    .iter()
+                    .map(|b| {
+                        let mut c = AlignedBuf::zeroed(b.as_slice().len());
+                        c.as_mut_slice().copy_from_slice(b.as_slice());
+                        c
+                    })
+                    .collect()
+            };
+            let inputs = if a == 0 { &mut p.inputs } else { &mut fresh };
+            let mut output = AlignedBuf::zeroed(out.bytes() as usize);
+            let args = arg_pointers(inputs, &mut output);
+            let run = || {
+                // SAFETY: the arguments match the kernel's operator, as checked by the run above.
+                unsafe { kernel(args.as_ptr()) }
+            };
+            for _ in 0..job.timing.warmup {
+                run();
             }
+            let mut these = Vec::new();
+            let start = Instant::now();
+            loop {
+                let t = Instant::now();
+                run();
+                these.push(t.elapsed().as_secs_f64());
+                let n = these.len() as u32;
+                if job.timing.done(n, start.elapsed().as_secs_f64()) {
+                    break;
+                }
+            }
+            let mut sorted = these.clone();
+            sorted.sort_by(f64::total_cmp);
+            medians.push(sorted[sorted.len() / 2]);
+            samples.extend(these);
         }
         Reply::Ok {
             samples,
             max_error,
             cut_short: false,
+            allocation_medians: if allocations > 1 { medians } else { Vec::new() },
         }
     }
 }

@@ -19,6 +19,7 @@ pub fn measurer(emulate: bool) -> CpuMeasurer {
             max_runs: 1,
             min_time_s: 0.0,
             budget_s: None,
+            allocations: 1,
         },
         timeout: Duration::from_secs(120),
         ..CpuOptions::default()

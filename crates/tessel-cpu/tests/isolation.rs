@@ -151,6 +151,7 @@ fn a_checked_run_over_its_budget_is_the_whole_measurement() {
             max_runs: 1000,
             min_time_s: 0.010,
             budget_s: None,
+            allocations: 1,
         },
         timeout: Duration::from_secs(120),
         ..Default::default()
@@ -187,6 +188,7 @@ fn a_prefetched_batch_compiles_in_the_background_and_measures_the_same() {
             max_runs: 1,
             min_time_s: 0.0,
             budget_s: None,
+            allocations: 1,
         },
         ..tessel_cpu::CpuOptions::default()
     };
@@ -230,4 +232,36 @@ fn a_prefetched_batch_compiles_in_the_background_and_measures_the_same() {
     assert!(c.iter().all(Result::is_ok));
     drop(m);
     let _ = std::fs::remove_dir_all(&cache);
+}
+
+#[test]
+fn timing_on_fresh_allocations_reports_their_spread() {
+    let w: tessel_ir::Workload = "gemm:m=64,n=64,k=64,dtype=f32".parse().unwrap();
+    let c = Candidate::new(
+        w.to_op(),
+        reference_gemm(&w, "avx2.vfmadd231ps", None).unwrap(),
+    );
+    let timed_on = |allocations: u32| {
+        let mut m = common::measurer_with(tessel_cpu::CpuOptions {
+            timing: tessel_cpu::TimingOptions {
+                warmup: 0,
+                min_runs: 2,
+                max_runs: 2,
+                min_time_s: 0.0,
+                budget_s: None,
+                allocations,
+            },
+            ..tessel_cpu::CpuOptions::default()
+        });
+        m.measure(std::slice::from_ref(&c)).pop().unwrap().unwrap()
+    };
+    let one = timed_on(1);
+    assert_eq!((one.timing.runs, one.allocation_spread), (2, None));
+    // Three allocations: every one's runs pooled, and how far their medians are apart.
+    let three = timed_on(3);
+    assert_eq!(three.timing.runs, 6);
+    assert!(
+        three.allocation_spread.is_some_and(|s| s >= 0.0),
+        "{three:?}"
+    );
 }

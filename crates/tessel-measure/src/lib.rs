@@ -121,6 +121,11 @@ pub struct Measurement {
     /// run (cold caches included): enough to rank a slow schedule, not to quote it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cut_short: bool,
+    /// (slowest - fastest) / fastest of the per-allocation medians, when the kernel was
+    /// timed on several allocations of its buffers ([`crate::worker::TimingOptions::allocations`]); the
+    /// timing then pools every allocation's runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation_spread: Option<f64>,
 }
 
 /// What kind of failure a candidate met.

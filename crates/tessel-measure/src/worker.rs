@@ -29,6 +29,15 @@ pub struct TimingOptions {
     /// A checked run longer than this ends the measurement there ([`crate::Candidate::budget_s`]).
     #[serde(default)]
     pub budget_s: Option<f64>,
+    /// Time the kernel on this many allocations of its buffers: the inputs copied to fresh
+    /// memory (fresh addresses, fresh physical pages) and a fresh output each, so that a
+    /// kernel whose speed depends on where its pages landed shows it. At least 1.
+    #[serde(default = "one_allocation")]
+    pub allocations: u32,
+}
+
+fn one_allocation() -> u32 {
+    1
 }
 
 impl Default for TimingOptions {
@@ -39,6 +48,7 @@ impl Default for TimingOptions {
             max_runs: 100,
             min_time_s: 0.020,
             budget_s: None,
+            allocations: 1,
         }
     }
 }
@@ -61,6 +71,9 @@ pub enum WorkerReply {
         /// The checked run exceeded the budget: `samples` is that run alone.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         cut_short: bool,
+        /// The median of each allocation's runs, when timed on more than one.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        allocation_medians: Vec<f64>,
     },
     Err {
         kind: MeasureErrorKind,

@@ -395,6 +395,7 @@ fn measure_overhead(worker_exe: Option<&Path>) -> Result<f64> {
                 max_runs: 1,
                 min_time_s: 0.0,
                 budget_s: None,
+                allocations: 1,
             },
             ..CpuOptions::default()
         },

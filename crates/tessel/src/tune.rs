@@ -8,7 +8,7 @@ use std::time::Instant;
 use serde::Serialize;
 use tessel_intrin::Catalog;
 use tessel_ir::{DType, Workload};
-use tessel_measure::CostModel;
+use tessel_measure::{Candidate, CostModel, Measurer};
 use tessel_search::records::LogContents;
 use tessel_search::{
     InstructionSet, RandomModel, RecordLog, SearchOptions, Task, Tuner, TuningRecord, read_log,
@@ -147,7 +147,16 @@ pub struct TaskReport {
     /// The best candidate's trace (JSON).
     #[serde(skip)]
     pub trace: Option<tessel_ir::Trace>,
+    /// The best candidate re-measured after the search on [`REMEASURE_ALLOCATIONS`] fresh
+    /// allocations of its buffers (CPU targets): median latency over all of them, ms.
+    pub remeasured_ms: Option<f64>,
+    /// (slowest - fastest) / fastest of the allocations' medians in that re-measurement: a
+    /// kernel whose speed depends on where its pages land shows it here.
+    pub allocation_spread: Option<f64>,
 }
+
+/// Allocations of fresh buffers the final best of each task is re-measured on.
+pub const REMEASURE_ALLOCATIONS: u32 = 5;
 
 /// What `tune` found.
 #[derive(Clone, Debug, Serialize)]
@@ -397,7 +406,7 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
     let stats = tuner.stats.clone();
     let elapsed = start.elapsed().as_secs_f64();
 
-    let task_reports: Vec<TaskReport> = tasks
+    let mut task_reports: Vec<TaskReport> = tasks
         .iter()
         .map(|t| TaskReport {
             workload: t.workload.to_string(),
@@ -411,8 +420,13 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
                 .and_then(|b| peaks.of(b.mapping.as_deref()).map(|p| 100.0 * b.gflops / p)),
             mapping: t.best.as_ref().and_then(|b| b.mapping.clone()),
             trace: t.best.as_ref().map(|b| b.trace.clone()),
+            remeasured_ms: None,
+            allocation_spread: None,
         })
         .collect();
+    if opts.target == TargetSpec::Cpu {
+        remeasure(&tasks, opts, &mut task_reports, progress)?;
+    }
     let all_found = tasks.iter().all(|t| t.best.is_some());
     let latency_s: Option<f64> = all_found.then(|| {
         tasks
@@ -451,6 +465,54 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
         search_overhead_percent: 100.0 * stats.search_overhead_s() / stats.total_time_s.max(1e-9),
         tasks: task_reports,
     })
+}
+
+/// Re-measures each task's best on fresh allocations of its buffers, in a measurer of its
+/// own: the log's best was timed on one allocation, and the search picked the luckiest.
+fn remeasure(
+    tasks: &[Task],
+    opts: &TuneOptions,
+    reports: &mut [TaskReport],
+    progress: &mut dyn Progress,
+) -> Result<()> {
+    let best: Vec<(usize, Candidate)> = tasks
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| {
+            t.best
+                .as_ref()
+                .map(|b| (i, Candidate::new(t.workload.to_op(), b.trace.clone())))
+        })
+        .collect();
+    if best.is_empty() {
+        return Ok(());
+    }
+    let worker = crate::worker::worker_command("cpu", opts.worker_exe.as_deref())?;
+    let mut m = tessel_cpu::CpuMeasurer::new(
+        worker,
+        tessel_cpu::CpuOptions {
+            threads: opts.threads,
+            timing: tessel_cpu::TimingOptions {
+                allocations: REMEASURE_ALLOCATIONS,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )?;
+    let cands: Vec<Candidate> = best.iter().map(|(_, c)| c.clone()).collect();
+    for ((i, _), r) in best.iter().zip(m.measure(&cands)) {
+        match r {
+            Ok(m) => {
+                reports[*i].remeasured_ms = Some(m.timing.median_s * 1e3);
+                reports[*i].allocation_spread = m.allocation_spread;
+            }
+            Err(e) => progress.note(&format!(
+                "warning: re-measuring the best of {} failed: {e}",
+                reports[*i].workload
+            )),
+        }
+    }
+    Ok(())
 }
 
 /// Refuses search settings that cannot work, naming the option and the range.
@@ -616,6 +678,8 @@ mod tests {
                 percent_of_peak: None,
                 mapping: None,
                 trace: None,
+                remeasured_ms: None,
+                allocation_spread: None,
             }],
         }
     }

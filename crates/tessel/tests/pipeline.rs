@@ -160,6 +160,9 @@ fn tune_logs_every_trial_and_its_best_becomes_c() {
     let task = &report.tasks[0];
     assert!(task.gflops.is_some_and(|g| g > 0.0), "{report:?}");
     assert!(task.percent_of_peak.is_some_and(|p| p > 0.0 && p < 150.0));
+    // The best was re-measured on fresh allocations of its buffers.
+    assert!(task.remeasured_ms.is_some_and(|ms| ms > 0.0), "{task:?}");
+    assert!(task.allocation_spread.is_some_and(|s| s >= 0.0));
     let lines = std::fs::read_to_string(&log).unwrap().lines().count();
     assert_eq!(lines, 8);
 
@@ -347,6 +350,7 @@ fn log_records_whose_trace_does_not_replay_are_not_trials() {
             emulated: false,
             gflops: w.flops() as f64 / 1e-6 / 1e9,
             cut_short: false,
+            allocation_spread: None,
         }),
     );
     tessel::search::RecordLog::open(&log)

@@ -120,6 +120,7 @@ impl Default for CudaOptions {
                 max_runs: 200,
                 min_time_s: 0.05,
                 budget_s: None,
+                allocations: 1,
             },
             timeout: Duration::from_secs(60),
             full_check_max_macs: 1 << 24,

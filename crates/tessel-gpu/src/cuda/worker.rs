@@ -253,6 +253,7 @@ impl WorkerState {
             samples,
             max_error,
             cut_short: false,
+            allocation_medians: Vec::new(),
         })
     }
 }
