@@ -170,3 +170,36 @@ fn scalar_schedules_with_caches_parallel_loops_and_epilogues() {
     let results = measurer(true).measure(&cands);
     assert_all_ok(&labels, &results);
 }
+
+#[test]
+fn a_padded_register_block_over_a_packed_a_block_is_exact() {
+    // GotoBLAS's nest with a 6-row register block on m = 100 (the last block pads 2 rows):
+    // A's mc x kc block is packed with zeros below row 100, so the generated register block
+    // runs without guards; only the store (and its epilogue) is guarded.
+    let local = Scope::new("local").unwrap();
+    let mut cands = Vec::new();
+    let mut labels = Vec::new();
+    for (id, lanes) in [("avx2.vfmadd231ps", 8), ("avx512.vfmadd231ps", 16)] {
+        for spec in [
+            "gemm:m=100,n=64,k=96,dtype=f32",
+            "gemm:m=50,n=32,k=40,dtype=f32,epilogue=bias+relu",
+        ] {
+            let w = workload(spec);
+            let n_blocks = if spec.contains("n=64") { 2 } else { 1 };
+            let mut t = Trace::new();
+            t.split("m", &[4, 6, 1])
+                .split("n", &[n_blocks, 2, lanes])
+                .split("k", &[32, 1]);
+            t.reorder(&[
+                "n.0", "k.0", "m.0", "n.1", "m.1", "k.1", "m.2", "n.2", "m.3", "n.3", "k.2",
+            ]);
+            t.cache_read(0, local.clone(), Some("m.0"));
+            t.unroll("m.2").unroll("n.2");
+            t.tensorize(id, &[("m", "m.3"), ("n", "n.3"), ("k", "k.2")], &[0, 1]);
+            labels.push(format!("{id} {spec}: {t}"));
+            cands.push(Candidate::new(w.to_op(), t));
+        }
+    }
+    let results = measurer(true).measure(&cands);
+    assert_all_ok(&labels, &results);
+}

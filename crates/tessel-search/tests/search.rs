@@ -130,6 +130,8 @@ fn capacity_checks_reject_register_blocks_that_do_not_fit() {
         parallel: true,
         local_acc: true,
         unroll: true,
+        mc: 1,
+        nc: 1,
     };
     let e = space.check(&too_big).unwrap_err();
     assert!(e.contains("8 accumulators"), "{e}");
@@ -144,22 +146,64 @@ fn seeds_are_the_classic_gemm_on_each_instruction_and_pass_the_checks() {
     let set = InstructionSet::Only(vec!["avx512.vpdpbusd".into(), "avx2.vpmaddwd".into()]);
     let space = Space::new(&op, &set);
     let seeds = space.seeds();
-    assert_eq!(seeds.len(), 2, "one per instruction");
+    assert_eq!(seeds.len(), 4, "the classic and the BLIS shape per instruction");
     let inputs = op.random_inputs(0);
     let want = op.reference(&inputs).unwrap();
     for s in &seeds {
         space.check(s).unwrap();
         let (trace, program) = space.lower(s).unwrap();
         assert_eq!(program.run(&inputs).unwrap().max_relative_error(&want), 0.0);
-        let Sketch::Tensorized { mr, nr, kc, .. } = s else {
+        let Sketch::Tensorized {
+            mr, nr, kc, mc, nc, ..
+        } = s
+        else {
             panic!("{s:?}")
         };
+        if mc * nc > 1 {
+            continue;
+        }
         let intr = space.intrinsic(s).unwrap();
         // The biggest dividing register block the file holds, a 512-element (or whole) k block.
         let want_block = if intr.registers >= 32 { (6, 4) } else { (6, 2) };
         assert_eq!((*mr, *nr), want_block, "{trace}");
         assert_eq!(kc * intr.k, 128);
     }
+}
+
+#[test]
+fn the_blis_seed_blocks_for_the_caches_and_pads_its_last_register_block_without_guards() {
+    // m = 100 is not a multiple of the 6-row register block: A's block is packed with zeros
+    // below row 100, so the register block runs unguarded and only the store is guarded.
+    let op = "gemm:m=100,n=64,k=96,dtype=f32"
+        .parse::<Workload>()
+        .unwrap()
+        .to_op();
+    let space = Space::new(&op, &InstructionSet::Only(vec!["avx2.vfmadd231ps".into()]));
+    let seeds = space.seeds();
+    let blis = seeds
+        .iter()
+        .find(|s| matches!(s, Sketch::Tensorized { mc, nc, .. } if mc * nc > 1))
+        .expect("a BLIS seed");
+    let Sketch::Tensorized {
+        mr, nr, cache_a, ..
+    } = blis
+    else {
+        unreachable!()
+    };
+    assert_eq!((*mr, *nr), (6, 2));
+    assert!(cache_a.is_some());
+    let (trace, program) = space.lower(blis).unwrap();
+    let mut calls = Vec::new();
+    program.body.walk(&mut |s| {
+        if let tessel_ir::Stmt::Tensorized(c) = s {
+            calls.push(c.guards.len());
+        }
+    });
+    assert_eq!(calls, vec![0], "{trace}");
+    let inputs = op.random_inputs(1);
+    let want = op.reference(&inputs).unwrap();
+    let got = program.run(&inputs).unwrap();
+    assert!(got.max_relative_error(&want) < 1e-5, "{trace}");
 }
 
 /// A sampled schedule and two mutations of it, where they lower, compute what the reference

@@ -90,7 +90,7 @@ extern "C" __global__ void __launch_bounds__(112) conv_simt(const half* __restri
               for (int q_2 = 0; q_2 < 2; ++q_2) {
                 #pragma unroll
                 for (int k_2 = 0; k_2 < 1; ++k_2) {
-                  if (q_0 * 16 + q_1 * 2 + q_2 < 14 && k_0 * 14 + k_1 + k_2 < 64) acc[q_2 + k_2] += tsl_f(I_shared0[q_1 * 72 + c_1 + r_1 * 24 + s_1 * 8 + q_2 * 4]) * tsl_f(W_shared0[k_1 * 36 + c_1 + r_1 * 12 + s_1 * 4 + k_2 * 4]);
+                  acc[q_2 + k_2] += tsl_f(I_shared0[q_1 * 72 + c_1 + r_1 * 24 + s_1 * 8 + q_2 * 4]) * tsl_f(W_shared0[k_1 * 36 + c_1 + r_1 * 12 + s_1 * 4 + k_2 * 4]);
                 }
               }
             }

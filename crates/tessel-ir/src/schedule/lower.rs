@@ -456,8 +456,21 @@ impl<'s> Lowering<'s> {
     }
 
     /// The innermost statement: the tensorized call, or the scalar update.
+    ///
+    /// A variable's padding guard is left out when every operand that depends on it is read
+    /// from a cache: caches span the padded loops and hold zeros where the guard fails, and
+    /// the accumulator spans them too (its store keeps every guard). A padded point then adds
+    /// a zero product, or writes an accumulator element that is never stored, so the call
+    /// needs no guard and can stay register-blocked (a 6x16 block on m = 1024 pads only the
+    /// last block, which BLIS handles the same way: packed panels padded with zeros).
     fn compute(&self, reads: Vec<BufferRef>, acc: &BufferRef) -> Stmt {
-        let all_guards = self.guards_for(0..self.op.iter_vars.len());
+        let from_cache =
+            |o: usize| matches!(self.buffers[reads[o].buffer].role, BufferRole::Cache { .. });
+        let needs_guard = |v: usize| {
+            (0..self.op.inputs.len())
+                .any(|o| self.op.inputs[o].depends_on(v) && !from_cache(o))
+        };
+        let all_guards = self.guards_for((0..self.op.iter_vars.len()).filter(|&v| needs_guard(v)));
         match &self.s.tensorize {
             Some(t) => Stmt::Tensorized(TensorizedCall {
                 intrinsic: t.intrinsic.clone(),

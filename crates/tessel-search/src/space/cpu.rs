@@ -15,6 +15,17 @@ impl Space {
         let mr = pick(rng, mt, max_acc.min(8));
         let nr = pick(rng, nt, (max_acc / mr).clamp(1, 8));
         let kc = pick(rng, kt, 1024 / intr.k.max(1));
+        // A third of the samples block for the caches too (BLIS), with A's block packed more
+        // often than not: that is what makes the blocking pay.
+        let (mc, nc) = if rng.chance(33) {
+            (
+                pick(rng, mt.div_ceil(mr), MAX_CACHE_BLOCKS),
+                pick(rng, nt.div_ceil(nr), MAX_CACHE_BLOCKS),
+            )
+        } else {
+            (1, 1)
+        };
+        let cache_a_chance = if mc * nc > 1 { 75 } else { 50 };
         Sketch::Tensorized {
             mapping,
             mr,
@@ -22,7 +33,7 @@ impl Space {
             kc,
             order: rng.below(3) as u8,
             pack_b: rng.chance(75),
-            cache_a: if rng.chance(50) {
+            cache_a: if rng.chance(cache_a_chance) {
                 Some(rng.below(3) as u8)
             } else {
                 None
@@ -30,7 +41,54 @@ impl Space {
             parallel: rng.chance(80),
             local_acc: rng.chance(80),
             unroll: rng.chance(90),
+            mc,
+            nc,
         }
+    }
+
+    /// GotoBLAS/BLIS on `mapping`: the largest register block the register file holds (its
+    /// last block padded with zeros where the tiles do not divide: A's block is packed), a kc
+    /// slice whose B micro-panel takes half of a 32 KiB L1, an A block of mc rows in a quarter
+    /// of a 512 KiB L2, nc columns of B within 2 MiB of L3 (at least two column blocks, for
+    /// threads). None on AMX, whose tiles are their own register file.
+    pub(super) fn blis_tensorized(&self, mapping: usize) -> Option<Sketch> {
+        let m = &self.mappings[mapping];
+        let intr = m.intrinsic;
+        if intr.id.starts_with("amx") {
+            return None;
+        }
+        let tiles = |d: usize, ext: u64| m.mapping.dims[d].extent.div_ceil(ext);
+        let (mt, nt, kt) = (tiles(0, intr.m), tiles(1, intr.n), tiles(2, intr.k));
+        let nr = (if intr.registers >= 32 { 4 } else { 2 }).min(nt);
+        let mr = (max_accumulators(intr) / nr).min(mt).max(1);
+        let (a_bytes, b_bytes) = (intr.a.bytes() as u64, intr.b.bytes() as u64);
+        let pow2_at_most = |x: u64| if x <= 1 { 1 } else { 1 << x.ilog2() };
+        let kc = pow2_at_most((16 << 10) / (nr * intr.n * intr.k * b_bytes).max(1))
+            .min(kt)
+            .max(1);
+        let k_bytes = kc * intr.k;
+        let mc = pow2_at_most((128 << 10) / (mr * intr.m * k_bytes * a_bytes).max(1))
+            .min(mt.div_ceil(mr))
+            .max(1);
+        let nb = nt.div_ceil(nr);
+        let nc = pow2_at_most((2 << 20) / (nr * intr.n * k_bytes * b_bytes).max(1))
+            .min(MAX_CACHE_BLOCKS)
+            .min(if nb >= 2 { nb / 2 } else { 1 })
+            .max(1);
+        Some(Sketch::Tensorized {
+            mapping,
+            mr,
+            nr,
+            kc,
+            order: 0,
+            pack_b: true,
+            cache_a: Some(2),
+            parallel: true,
+            local_acc: false,
+            unroll: true,
+            mc,
+            nc,
+        })
     }
 
     /// The classic GEMM shape on `mapping` (GotoBLAS, oneDNN's brgemm, and tessel-cpu's
@@ -69,6 +127,8 @@ impl Space {
             parallel: true,
             local_acc: true,
             unroll: true,
+            mc: 1,
+            nc: 1,
         }
     }
 
@@ -109,7 +169,9 @@ impl Space {
         mapping: usize,
         (mr, nr, kc, order): (u64, u64, u64, u8),
         (pack_b, cache_a, parallel, local_acc, unroll): (bool, Option<u8>, bool, bool, bool),
+        (mc, nc): (u64, u64),
     ) -> Trace {
+        let blocked = mc > 1 || nc > 1;
         let m = &self.mappings[mapping];
         let (intr, map) = (m.intrinsic, &m.mapping);
         let mut t = Trace::new();
@@ -118,8 +180,13 @@ impl Space {
         let outer: Vec<&str> = map.outer.iter().map(String::as_str).collect();
         let fused = map.fuse_dims(&mut t, &outer);
         let (fm, fnn, fk) = (&fused[0], &fused[1], &fused[2]);
-        t.split(fm, &[mr, intr.m]);
-        t.split(fnn, &[nr, intr.n]);
+        if blocked {
+            t.split(fm, &[mc, mr, intr.m]);
+            t.split(fnn, &[nc, nr, intr.n]);
+        } else {
+            t.split(fm, &[mr, intr.m]);
+            t.split(fnn, &[nr, intr.n]);
+        }
         t.split(fk, &[kc, intr.k]);
         let kind = |name: &str| {
             self.op
@@ -141,15 +208,29 @@ impl Space {
             .collect();
         let p = |x: &str, i: u32| format!("{x}.{i}");
         let (m0, n0, k0) = (p(fm, 0), p(fnn, 0), p(fk, 0));
+        // The register block's and the instruction's levels of m and n.
+        let (reg, ins) = if blocked { (2, 3) } else { (1, 2) };
         let blocks: [&String; 3] = match order {
+            _ if blocked => [&n0, &k0, &m0],
             0 => [&n0, &k0, &m0],
             1 => [&n0, &m0, &k0],
             _ => [&m0, &n0, &k0],
         };
         let mut full: Vec<String> = s_outer.clone();
         full.extend(blocks.iter().map(|s| s.to_string()));
+        if blocked {
+            // Within the A block: B's micro-panels, then the register blocks down A.
+            full.extend([p(fnn, 1), p(fm, 1)]);
+        }
         full.extend(r_outer.iter().cloned());
-        full.extend([p(fk, 1), p(fm, 1), p(fnn, 1), p(fm, 2), p(fnn, 2), p(fk, 2)]);
+        full.extend([
+            p(fk, 1),
+            p(fm, reg),
+            p(fnn, reg),
+            p(fm, ins),
+            p(fnn, ins),
+            p(fk, 2),
+        ]);
         let refs: Vec<&str> = full.iter().map(String::as_str).collect();
         t.reorder(&refs);
         if pack_b && let Some(layout) = self.b_layout(map, intr, nr) {
@@ -169,14 +250,16 @@ impl Space {
         }
         if let Some(at) = cache_a {
             let local = Scope::new("local").expect("a valid scope name");
-            t.cache_read(map.operands[0], local, Some(blocks[at.min(2) as usize]));
+            // Blocked: A's mc x kc block, packed once per (kc slice, mc rows) as BLIS does.
+            let at = if blocked { &m0 } else { blocks[at.min(2) as usize] };
+            t.cache_read(map.operands[0], local, Some(at));
         }
         if unroll {
-            t.unroll(&p(fm, 1)).unroll(&p(fnn, 1));
+            t.unroll(&p(fm, reg)).unroll(&p(fnn, reg));
         }
         t.tensorize(
             intr.id,
-            &[("m", &p(fm, 2)), ("n", &p(fnn, 2)), ("k", &p(fk, 2))],
+            &[("m", &p(fm, ins)), ("n", &p(fnn, ins)), ("k", &p(fk, 2))],
             &map.operands,
         );
         t

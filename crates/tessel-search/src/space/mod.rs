@@ -20,6 +20,9 @@ use cpu::promise;
 /// At most this many mappings per instruction (least padding first) enter the space.
 const MAX_MAPPINGS_PER_INSTRUCTION: usize = 8;
 
+/// Cache blocks hold at most this many register blocks along m or n.
+pub(crate) const MAX_CACHE_BLOCKS: u64 = 64;
+
 /// Accumulators and caches larger than this (per anchor) are rejected before compilation.
 const MAX_LOCAL_BYTES: u64 = 4 << 20;
 
@@ -45,6 +48,15 @@ pub enum Sketch {
         parallel: bool,
         local_acc: bool,
         unroll: bool,
+        /// Register blocks per cache block along m and n (BLIS's mc / (mr m), nc / (nr n)).
+        /// Above 1, the nest is GotoBLAS's: nc columns, a kc slice, mc rows (A's block packed
+        /// there when `cache_a` is set), then the register blocks of that block, so the A block
+        /// stays in L2 and each B micro-panel in L1; `order` is not used then. 1 and 1: no
+        /// cache-level blocking (the records before these fields).
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        mc: u64,
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        nc: u64,
     },
     /// Plain loops that the C compiler vectorizes.
     Scalar {
@@ -251,8 +263,8 @@ impl Space {
         self.sample_tensorized(choice, rng)
     }
 
-    /// Known-good sketches to measure first: the classic GEMM shape on the most promising
-    /// mapping of each instruction (CPU spaces; none on a GPU).
+    /// Known-good sketches to measure first: the classic GEMM shape and the BLIS one on the
+    /// most promising mapping of each instruction (CPU spaces; none on a GPU).
     pub fn seeds(&self) -> Vec<Sketch> {
         if self.gpu {
             return Vec::new();
@@ -263,6 +275,11 @@ impl Space {
             if !seen.contains(&m.intrinsic.id) {
                 seen.push(m.intrinsic.id);
                 out.push(self.classic_tensorized(i));
+                if let Some(s) = self.blis_tensorized(i)
+                    && !out.contains(&s)
+                {
+                    out.push(s);
+                }
             }
         }
         out
@@ -290,6 +307,8 @@ impl Space {
                 parallel,
                 local_acc,
                 unroll,
+                mc,
+                nc,
             } => {
                 let Some(m) = self.mappings.get(*mapping) else {
                     return self.sample(rng);
@@ -297,6 +316,23 @@ impl Space {
                 let intr = m.intrinsic;
                 let tiles = |d: usize, ext: u64| m.mapping.dims[d].extent.div_ceil(ext);
                 let max_acc = max_accumulators(intr);
+                if rng.chance(20) {
+                    // The cache level: on, off, or one of its two extents redrawn.
+                    let (mb, nb) = (
+                        tiles(0, intr.m).div_ceil(*mr),
+                        tiles(1, intr.n).div_ceil(*nr),
+                    );
+                    match rng.below(4) {
+                        0 => (*mc, *nc) = (1, 1),
+                        1 => *mc = pick(rng, mb, MAX_CACHE_BLOCKS),
+                        2 => *nc = pick(rng, nb, MAX_CACHE_BLOCKS),
+                        _ => {
+                            *mc = pick(rng, mb, MAX_CACHE_BLOCKS);
+                            *nc = pick(rng, nb, MAX_CACHE_BLOCKS);
+                        }
+                    }
+                    return s;
+                }
                 match rng.below(8) {
                     0 => *mr = pick(rng, tiles(0, intr.m), max_acc.min(8)),
                     1 => *nr = pick(rng, tiles(1, intr.n), (max_acc / *mr).clamp(1, 8)),
@@ -370,12 +406,21 @@ impl Space {
     pub fn check(&self, s: &Sketch) -> Result<(), String> {
         match s {
             Sketch::Tensorized {
-                mapping, mr, nr, ..
+                mapping,
+                mr,
+                nr,
+                kc,
+                mc,
+                nc,
+                ..
             } => {
                 let m = self
                     .mappings
                     .get(*mapping)
                     .ok_or_else(|| format!("no mapping #{mapping}"))?;
+                if [*mr, *nr, *kc, *mc, *nc].contains(&0) {
+                    return Err("a block extent of 0".into());
+                }
                 let cap = max_accumulators(m.intrinsic);
                 if mr * nr > cap {
                     return Err(format!(
@@ -411,10 +456,13 @@ impl Space {
                 parallel,
                 local_acc,
                 unroll,
+                mc,
+                nc,
             } => Ok(self.tensorized_trace(
                 *mapping,
                 (*mr, *nr, *kc, *order),
                 (*pack_b, *cache_a, *parallel, *local_acc, *unroll),
+                (*mc, *nc),
             )),
             Sketch::Scalar {
                 tiles,
@@ -440,14 +488,28 @@ impl Space {
         let p = t
             .lower(&self.op, &self.catalog)
             .map_err(|e| e.to_string())?;
+        // An accumulator at the root in global memory is the output's padded shadow (BLIS's
+        // C, loaded and stored around each kc slice): it may be as large as the output, with
+        // room for the padding of the last blocks.
+        let shadow_budget = MAX_LOCAL_BYTES.max(
+            self.op
+                .output
+                .tensor
+                .elements()
+                .saturating_mul(self.op.accumulator.bytes() as u64)
+                .saturating_mul(2),
+        );
         for b in &p.buffers {
-            let local = matches!(
-                b.role,
-                tessel_ir::BufferRole::Accumulator | tessel_ir::BufferRole::Cache { .. }
-            );
-            if local && b.bytes() > MAX_LOCAL_BYTES {
+            let budget = match b.role {
+                tessel_ir::BufferRole::Accumulator if b.scope == Scope::global() => shadow_budget,
+                tessel_ir::BufferRole::Accumulator | tessel_ir::BufferRole::Cache { .. } => {
+                    MAX_LOCAL_BYTES
+                }
+                _ => continue,
+            };
+            if b.bytes() > budget {
                 return Err(format!(
-                    "{} of {} bytes exceeds the {MAX_LOCAL_BYTES}-byte budget of a local buffer",
+                    "{} of {} bytes exceeds the {budget}-byte budget of a local buffer",
                     b.name,
                     b.bytes()
                 ));
