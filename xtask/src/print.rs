@@ -187,6 +187,7 @@ fn comparison(label: &str, c: &Comparison) {
     for (name, m) in [
         ("model", &c.model),
         ("ridge", &c.ridge),
+        ("trees", &c.gbt),
         ("random", &c.random),
     ] {
         println!(
@@ -219,8 +220,27 @@ pub fn transfer(r: &TransferReport) {
         r.shots, r.mode, r.test_records, r.test_tasks
     );
     comparison("pretrained, before fine-tuning:", &r.before);
-    comparison("after fine-tuning:", &r.after);
+    comparison("fine-tuned on the shots:", &r.fine_tuned);
     comparison("trained from scratch on the same records:", &r.scratch);
+    match &r.validation {
+        Some(v) => {
+            println!(
+                "validation on the shots ({} records of {} tasks; the others trained on {} records), pairwise / top-1:",
+                v.validation_records, v.validation_tasks, v.fit_records
+            );
+            for (name, m) in [
+                ("pretrained", &v.pretrained),
+                ("fine-tuned", &v.fine_tuned),
+                ("scratch", &v.scratch),
+            ] {
+                println!("  {name:<11} {:.3} / {:.3}", m.pairwise_accuracy, m.top1);
+            }
+        }
+        None => {
+            println!("no validation possible on the shots (fewer than two tasks of two records)")
+        }
+    }
+    println!("kept: {} (what the saved model is)", r.chosen);
     println!("saved {} and {}", r.saved.0.display(), r.saved.1.display());
 }
 
@@ -245,6 +265,7 @@ pub fn eval(r: &EvalReport) {
         &Comparison {
             model,
             ridge: r.ridge,
+            gbt: r.gbt,
             random: r.random,
         },
     );

@@ -36,6 +36,7 @@
 
 pub mod cost;
 pub mod fused;
+pub mod gbt;
 pub mod metrics;
 pub mod net;
 pub mod train;
@@ -270,6 +271,18 @@ impl Model {
 
     pub fn config(&self) -> &ModelConfig {
         &self.info.config
+    }
+
+    /// An independent copy: its own weights (training one never changes the other; candle
+    /// variables share storage when cloned), the same normalisation and provenance.
+    pub fn duplicate(&self) -> Result<Model, ModelError> {
+        let params = net::Params::init(&self.info.config, 0)?;
+        params.restore(&self.params.snapshot()?)?;
+        Ok(Model {
+            info: self.info.clone(),
+            params,
+            fused: None,
+        })
     }
 
     /// Parameters changed: the inference copy must be rebuilt.

@@ -434,6 +434,8 @@ pub struct Comparison {
     pub model: Metrics,
     pub random: Metrics,
     pub ridge: Metrics,
+    /// Gradient-boosted trees on the same pooled features as ridge.
+    pub gbt: Metrics,
 }
 
 pub fn compare(model: &mut Model, train: &Dataset, test: &Dataset, seed: u64) -> Comparison {
@@ -442,7 +444,23 @@ pub fn compare(model: &mut Model, train: &Dataset, test: &Dataset, seed: u64) ->
         model: metrics::evaluate(&ranked),
         random: metrics::random_baseline(&ranked, 20, seed),
         ridge: metrics::evaluate(&ridge_rank(train, test)),
+        gbt: metrics::evaluate(&gbt_rank(train, test, seed)),
     }
+}
+
+/// Rankings of every task of `test` by gradient-boosted trees on pooled features, fitted on
+/// `train` to predict log relative throughput. Without training records (or when the fit
+/// fails), every candidate scores the same, as an unfitted ridge does.
+pub fn gbt_rank(train: &Dataset, test: &Dataset, seed: u64) -> Vec<Ranked> {
+    let y: Vec<f64> = (0..train.samples.len())
+        .map(|i| train.label(i).ln())
+        .collect();
+    let fitted = crate::gbt::Gbt::fit(&crate::gbt::pooled_rows(train), &y, seed).ok();
+    let scores = match fitted {
+        Some(g) => g.predict(&crate::gbt::pooled_rows(test)),
+        None => vec![0.0; test.samples.len()],
+    };
+    by_task(test, scores.into_iter())
 }
 
 /// Rankings of every task of `test` by ridge regression on pooled features, fitted on `train`

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use tessel_features::WIDTH;
 use tessel_model::train::{
-    Comparison, Trainable, compare, rank, ridge_rank, split_tasks, transfer_options,
+    Comparison, Trainable, compare, gbt_rank, rank, ridge_rank, split_tasks, transfer_options,
 };
 use tessel_model::{
     Dataset, Loss, Metrics, Model, ModelConfig, Ranked, Sample, TrainOptions, TrainReport, metrics,
@@ -222,12 +222,34 @@ pub struct TransferReport {
     pub test_tasks: usize,
     /// The pretrained model.
     pub before: Comparison,
-    /// The fine-tuned model.
+    /// The model saved: the one of `chosen`.
     pub after: Comparison,
+    /// The pretrained model fine-tuned on all the shots (saved only when chosen).
+    pub fine_tuned: Comparison,
     /// A model of the same shape trained from scratch on the same records.
     pub scratch: Comparison,
+    /// What was saved: `fine-tuned`, `pretrained` (fine-tuning did not help on the shots'
+    /// own validation tasks, so the pretrained weights are kept) or `scratch`.
+    pub chosen: String,
+    /// The choice's evidence: the three candidates on the validation tasks of the shots
+    /// (fine-tuned and scratch trained on the other shots), pairwise accuracy then top-1.
+    /// None when the shots span fewer than two tasks with two records each: nothing to
+    /// validate on, so the pretrained model is kept.
+    pub validation: Option<TransferValidation>,
     /// The files written.
     pub saved: (PathBuf, PathBuf),
+}
+
+/// The three candidates of a transfer on the validation half of the shots.
+#[derive(Clone, Debug, Serialize)]
+pub struct TransferValidation {
+    /// Records and tasks the candidates were trained on, and validated on.
+    pub fit_records: usize,
+    pub validation_records: usize,
+    pub validation_tasks: usize,
+    pub pretrained: Metrics,
+    pub fine_tuned: Metrics,
+    pub scratch: Metrics,
 }
 
 /// Fine-tunes on K records of half the tasks; reports on the other half before and after,
@@ -258,31 +280,44 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
         seed: o.seed,
         ..TrainOptions::default()
     };
-    progress.start("models", 2);
+    let fine_opts = transfer_options(trainable, &pre);
+    progress.start("models", 5);
+    let pretrained = model.duplicate()?;
     let before = compare(&mut model, &shots, &test, o.seed);
+    // Fine-tuning can make a model worse (TenSet's users saw transfer slow ResNet-50 down on
+    // a new device). Which of pretrained, fine-tuned and scratch to keep is decided on the
+    // shots alone: half of their tasks train, the other half validate. The test tasks are
+    // never looked at.
+    progress.update(0, "validating on the shots");
+    let validation = validate_transfer(&pretrained, &shots, &pre, &fine_opts, o.seed)?;
+    progress.update(3, "fine-tuning");
+    let mut fine = pretrained.duplicate()?;
     if !shots.samples.is_empty() {
-        train(
-            &mut model,
-            &shots,
-            &transfer_options(trainable, &pre),
-            &mut |_| {},
-        )?;
+        train(&mut fine, &shots, &fine_opts, &mut |_| {})?;
     }
-    progress.update(1, "from scratch");
-    let after = compare(&mut model, &shots, &test, o.seed);
-    let mut scratch = Model::new(model.config().clone(), o.seed)?;
+    let fine_tuned = compare(&mut fine, &shots, &test, o.seed);
+    progress.update(4, "from scratch");
+    let mut scratch_model = Model::new(model.config().clone(), o.seed)?;
     if !shots.samples.is_empty() {
-        train(&mut scratch, &shots, &pre, &mut |_| {})?;
+        train(&mut scratch_model, &shots, &pre, &mut |_| {})?;
     }
     progress.finish();
-    let scratch = compare(&mut scratch, &shots, &test, o.seed);
-    model.info.provenance = serde_json::json!({
+    let scratch = compare(&mut scratch_model, &shots, &test, o.seed);
+    let chosen = choose_transfer(validation.as_ref());
+    let (mut saved_model, after) = match chosen {
+        "fine-tuned" => (fine, fine_tuned),
+        "scratch" => (scratch_model, scratch),
+        _ => (model, before),
+    };
+    saved_model.info.provenance = serde_json::json!({
         "transferred_from": o.model.display().to_string(),
         "data": o.data.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
         "shots": o.shots,
         "mode": o.mode,
+        "chosen": chosen,
+        "validation": validation,
     });
-    model.save(&o.out)?;
+    saved_model.save(&o.out)?;
     Ok(TransferReport {
         shots: shots.samples.len(),
         mode: o.mode.clone(),
@@ -290,9 +325,72 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
         test_tasks: test.tasks.len(),
         before,
         after,
+        fine_tuned,
         scratch,
+        chosen: chosen.to_string(),
+        validation,
         saved: Model::paths(&o.out),
     })
+}
+
+/// Which model a transfer keeps: fine-tuned only when it beats the pretrained model on the
+/// shots' validation tasks (pairwise accuracy, then top-1) and scratch does not beat it;
+/// scratch when it beats both; otherwise, and without validation, the pretrained weights.
+fn choose_transfer(validation: Option<&TransferValidation>) -> &'static str {
+    let Some(v) = validation else {
+        return "pretrained";
+    };
+    let key = |m: &Metrics| (m.pairwise_accuracy, m.top1);
+    let better = |a: &Metrics, b: &Metrics| key(a) > key(b);
+    if better(&v.fine_tuned, &v.pretrained) && !better(&v.scratch, &v.fine_tuned) {
+        "fine-tuned"
+    } else if better(&v.scratch, &v.pretrained) {
+        "scratch"
+    } else {
+        "pretrained"
+    }
+}
+
+/// Pretrained, fine-tuned and scratch on the validation half of the shots' tasks, the other
+/// two trained on the fitting half. None when there is no such split: fewer than two tasks
+/// of at least two records each.
+fn validate_transfer(
+    pretrained: &Model,
+    shots: &Dataset,
+    pre: &TrainOptions,
+    fine_opts: &TrainOptions,
+    seed: u64,
+) -> Result<Option<TransferValidation>> {
+    let usable: Vec<usize> = shots
+        .by_task()
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.len() >= 2)
+        .map(|(t, _)| t)
+        .collect();
+    if usable.len() < 2 {
+        return Ok(None);
+    }
+    let (a, b) = split_tasks(usable.len(), 0.5, seed);
+    let pick = |ix: &[usize]| ix.iter().map(|&i| usable[i]).collect::<Vec<_>>();
+    let (fit, val) = (shots.subset(&pick(&a)), shots.subset(&pick(&b)));
+    if fit.samples.is_empty() || val.samples.is_empty() {
+        return Ok(None);
+    }
+    let judge = |m: &mut Model| metrics::evaluate(&rank(m, &val));
+    let mut p = pretrained.duplicate()?;
+    let mut f = pretrained.duplicate()?;
+    train(&mut f, &fit, fine_opts, &mut |_| {})?;
+    let mut s = Model::new(pretrained.config().clone(), seed)?;
+    train(&mut s, &fit, pre, &mut |_| {})?;
+    Ok(Some(TransferValidation {
+        fit_records: fit.samples.len(),
+        validation_records: val.samples.len(),
+        validation_tasks: val.tasks.len(),
+        pretrained: judge(&mut p),
+        fine_tuned: judge(&mut f),
+        scratch: judge(&mut s),
+    }))
 }
 
 /// A model file of this feature schema; errors name the file.
@@ -396,6 +494,8 @@ pub struct EvalReport {
     pub kendall_tau: f64,
     /// Ridge regression, fitted on the other half of the tasks.
     pub ridge: Metrics,
+    /// Gradient-boosted trees on the same features, fitted the same way.
+    pub gbt: Metrics,
     /// A random ranking.
     pub random: Metrics,
     /// Where the plots went, and why there is no PNG where there is none.
@@ -426,11 +526,14 @@ pub fn eval(o: &EvalOptions, progress: &mut dyn Progress) -> Result<EvalReport> 
     let data = load(&data_files, network_filter(&networks)?.as_ref(), progress)?;
     let ranked = rank(&mut model, &data);
     let (a, b) = split_tasks(data.tasks.len(), 0.5, o.seed);
-    let ridge_ranked: Vec<Ranked> = if a.is_empty() || b.is_empty() {
-        ridge_rank(&data, &data)
-    } else {
+    // The baselines never rank tasks they were fitted on: each half is ranked by a fit on
+    // the other half.
+    let cross = |fit: &dyn Fn(&Dataset, &Dataset) -> Vec<Ranked>| -> Vec<Ranked> {
+        if a.is_empty() || b.is_empty() {
+            return fit(&data, &data);
+        }
         let (da, db) = (data.subset(&a), data.subset(&b));
-        let (on_b, on_a) = (ridge_rank(&da, &db), ridge_rank(&db, &da));
+        let (on_b, on_a) = (fit(&da, &db), fit(&db, &da));
         let mut out = ranked.clone();
         for (i, &t) in b.iter().enumerate() {
             out[t] = on_b[i].clone();
@@ -440,6 +543,8 @@ pub fn eval(o: &EvalOptions, progress: &mut dyn Progress) -> Result<EvalReport> 
         }
         out
     };
+    let ridge_ranked = cross(&|tr, te| ridge_rank(tr, te));
+    let gbt_ranked = cross(&|tr, te| gbt_rank(tr, te, o.seed));
     let model_metrics = metrics::evaluate(&ranked);
     let plots = match &o.plot {
         Some(dir) => Some((
@@ -457,6 +562,7 @@ pub fn eval(o: &EvalOptions, progress: &mut dyn Progress) -> Result<EvalReport> 
         pairwise_accuracy: model_metrics.pairwise_accuracy,
         kendall_tau: model_metrics.kendall_tau,
         ridge: metrics::evaluate(&ridge_ranked),
+        gbt: metrics::evaluate(&gbt_ranked),
         random: metrics::random_baseline(&ranked, 20, o.seed),
         plots,
     })
@@ -492,4 +598,48 @@ fn plot(
         &[("model", ranked), ("ridge", ridge), ("random", &random)],
     )?;
     Ok(crate::plot::png_copies(&[&svgs[0], &svgs[1]]).err())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn validation(pretrained: f64, fine_tuned: f64, scratch: f64) -> TransferValidation {
+        let m = |pairwise_accuracy| Metrics {
+            pairwise_accuracy,
+            ..Metrics::default()
+        };
+        TransferValidation {
+            fit_records: 8,
+            validation_records: 8,
+            validation_tasks: 2,
+            pretrained: m(pretrained),
+            fine_tuned: m(fine_tuned),
+            scratch: m(scratch),
+        }
+    }
+
+    #[test]
+    fn a_transfer_keeps_the_pretrained_model_unless_training_beats_it_on_the_shots() {
+        assert_eq!(choose_transfer(None), "pretrained");
+        assert_eq!(
+            choose_transfer(Some(&validation(0.7, 0.8, 0.6))),
+            "fine-tuned"
+        );
+        // Fine-tuning that hurts on the validation tasks is dropped.
+        assert_eq!(
+            choose_transfer(Some(&validation(0.7, 0.6, 0.5))),
+            "pretrained"
+        );
+        // A tie keeps what was there.
+        assert_eq!(
+            choose_transfer(Some(&validation(0.7, 0.7, 0.7))),
+            "pretrained"
+        );
+        assert_eq!(choose_transfer(Some(&validation(0.6, 0.7, 0.8))), "scratch");
+        assert_eq!(
+            choose_transfer(Some(&validation(0.8, 0.6, 0.7))),
+            "pretrained"
+        );
+    }
 }

@@ -139,6 +139,11 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
     assert_eq!(transfer.shots, 6);
     assert_eq!(transfer.test_tasks, 1);
     assert!(transfer.saved.0.exists());
+    // The shots come from one task: nothing to validate a fine-tuning on, so the pretrained
+    // weights are what is saved.
+    assert!(transfer.validation.is_none());
+    assert_eq!(transfer.chosen, "pretrained");
+    assert_eq!(transfer.after.model, transfer.before.model);
 }
 
 #[test]
