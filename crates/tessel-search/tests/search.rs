@@ -146,7 +146,11 @@ fn seeds_are_the_classic_gemm_on_each_instruction_and_pass_the_checks() {
     let set = InstructionSet::Only(vec!["avx512.vpdpbusd".into(), "avx2.vpmaddwd".into()]);
     let space = Space::new(&op, &set);
     let seeds = space.seeds();
-    assert_eq!(seeds.len(), 4, "the classic and the BLIS shape per instruction");
+    assert_eq!(
+        seeds.len(),
+        4,
+        "the classic and the BLIS shape per instruction"
+    );
     let inputs = op.random_inputs(0);
     let want = op.reference(&inputs).unwrap();
     for s in &seeds {

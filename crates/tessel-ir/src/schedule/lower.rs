@@ -467,8 +467,7 @@ impl<'s> Lowering<'s> {
         let from_cache =
             |o: usize| matches!(self.buffers[reads[o].buffer].role, BufferRole::Cache { .. });
         let needs_guard = |v: usize| {
-            (0..self.op.inputs.len())
-                .any(|o| self.op.inputs[o].depends_on(v) && !from_cache(o))
+            (0..self.op.inputs.len()).any(|o| self.op.inputs[o].depends_on(v) && !from_cache(o))
         };
         let all_guards = self.guards_for((0..self.op.iter_vars.len()).filter(|&v| needs_guard(v)));
         match &self.s.tensorize {

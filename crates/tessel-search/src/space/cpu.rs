@@ -251,7 +251,11 @@ impl Space {
         if let Some(at) = cache_a {
             let local = Scope::new("local").expect("a valid scope name");
             // Blocked: A's mc x kc block, packed once per (kc slice, mc rows) as BLIS does.
-            let at = if blocked { &m0 } else { blocks[at.min(2) as usize] };
+            let at = if blocked {
+                &m0
+            } else {
+                blocks[at.min(2) as usize]
+            };
             t.cache_read(map.operands[0], local, Some(at));
         }
         if unroll {
