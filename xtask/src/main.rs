@@ -132,6 +132,15 @@ enum Command {
         #[command(flatten)]
         json: Json,
     },
+    /// TenSet's protocol: trains on every network but the test networks (whose tasks are
+    /// held out entirely), then scores each test network: the model, the same network on
+    /// primitive sequences (the ablation), ridge, gradient-boosted trees and random.
+    HeldOut {
+        #[command(flatten)]
+        opts: tessel::HeldOutOptions,
+        #[command(flatten)]
+        json: Json,
+    },
     /// How well the analytical GPU model (sim:DEVICE) ranks measured GPU records: top-k,
     /// pairwise accuracy and Kendall tau per workload, beside a random ranking.
     SimCheck {
@@ -283,6 +292,10 @@ fn run(cli: Cli) -> Result<()> {
         Command::Transfer { opts, json } => {
             let report = tessel::transfer(&opts, &mut Bar::new(!json.json))?;
             json.show(&report, print::transfer)?;
+        }
+        Command::HeldOut { opts, json } => {
+            let report = tessel::held_out(&opts, &mut Bar::new(!json.json))?;
+            json.show(&report, print::held_out)?;
         }
         Command::Eval { opts, json } => {
             let report = tessel::eval(&opts, &mut Bar::new(false))?;

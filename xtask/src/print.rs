@@ -271,6 +271,55 @@ pub fn eval(r: &EvalReport) {
     );
 }
 
+pub fn held_out(r: &tessel::HeldOutReport) {
+    println!(
+        "trained on {} records of {} tasks (best epoch {}{}); tested on {} records of {} held-out tasks",
+        r.train_records,
+        r.train_tasks,
+        r.best_epoch,
+        r.ablation_best_epoch
+            .map_or(String::new(), |e| format!(", ablation {e}")),
+        r.test_records,
+        r.test_tasks
+    );
+    println!(
+        "{:<16} {:>5}  {:>17} {:>17} {:>17} {:>17} {:>17}",
+        "network", "tasks", "model", "primitives", "ridge", "trees", "random"
+    );
+    println!(
+        "{:<16} {:>5}  {:>17} {:>17} {:>17} {:>17} {:>17}",
+        "",
+        "",
+        "top1 top5 pair",
+        "top1 top5 pair",
+        "top1 top5 pair",
+        "top1 top5 pair",
+        "top1 top5 pair"
+    );
+    let cell = |m: Option<&tessel::model::Metrics>| match m {
+        Some(m) => format!("{:.2} {:.2} {:.2}", m.top1, m.top5, m.pairwise_accuracy),
+        None => "-".to_string(),
+    };
+    let row = |name: &str, tasks: String, s: &tessel::Scores| {
+        println!(
+            "{name:<16} {tasks:>5}  {:>17} {:>17} {:>17} {:>17} {:>17}",
+            cell(Some(&s.model)),
+            cell(s.primitives.as_ref()),
+            cell(Some(&s.ridge)),
+            cell(Some(&s.gbt)),
+            cell(Some(&s.random)),
+        )
+    };
+    for n in &r.networks {
+        row(
+            &n.network,
+            format!("{}/{}", n.tasks, n.tasks_in_network),
+            &n.scores,
+        );
+    }
+    row("average", String::new(), &r.average);
+}
+
 pub fn sim_check(r: &SimCheckReport) {
     println!(
         "{} (analytical model) ranking {} measured records of {} workloads ({} unscored)",

@@ -27,6 +27,7 @@
 //! ```
 
 mod extract;
+pub mod primitives;
 pub mod schema;
 mod target;
 
@@ -34,6 +35,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 use tessel_ir::Program;
 
+pub use primitives::{PRIMITIVE_WIDTH, primitive_tokens};
 pub use schema::{COLUMNS, Col, Column, SCHEMA_VERSION, WIDTH};
 pub use target::Target;
 

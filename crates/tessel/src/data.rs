@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use tessel_features::{Target, WIDTH, extract};
+use tessel_features::{PRIMITIVE_WIDTH, Target, WIDTH, extract, primitive_tokens};
 use tessel_intrin::Catalog;
 use tessel_ir::{DType, Types, network, network_with_types};
 use tessel_model::{Dataset, Sample};
@@ -71,6 +71,15 @@ pub fn network_filter(names: &[String]) -> Result<Option<HashSet<String>>> {
     Ok(Some(specs))
 }
 
+/// How records become tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Encoding {
+    /// Allocation features of the lowered program on its machine (the model's input).
+    Allocation,
+    /// The trace's primitives, one token per step (TLP's view; the ablation).
+    Primitives,
+}
+
 /// Records -> samples: successful, non-emulated records (of the `only` workloads, where
 /// given), lowered and featurised on the machine that measured them. A task is a workload on
 /// one target and machine.
@@ -79,9 +88,21 @@ pub fn load(
     only: Option<&HashSet<String>>,
     progress: &mut dyn Progress,
 ) -> Result<Dataset> {
+    load_encoded(files, only, &[Encoding::Allocation], progress)?
+        .pop()
+        .context("no dataset")
+}
+
+/// The same records and tasks, in the same order, under each encoding.
+pub fn load_encoded(
+    files: &[PathBuf],
+    only: Option<&HashSet<String>>,
+    encodings: &[Encoding],
+    progress: &mut dyn Progress,
+) -> Result<Vec<Dataset>> {
     let catalog = Catalog::default();
     let mut tasks: BTreeMap<String, usize> = BTreeMap::new();
-    let mut samples = Vec::new();
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); encodings.len()];
     let mut targets: BTreeMap<String, Target> = BTreeMap::new();
     let (mut records, mut filtered) = (0usize, 0usize);
     for path in files {
@@ -103,25 +124,34 @@ pub fn load(
                     .with_context(|| format!("{}: its machine", at()))?;
                 targets.insert(fkey.clone(), t);
             }
-            let f = extract(&program, &targets[&fkey])
-                .with_context(|| format!("{}: features", at()))?;
             let key = format!("{} @ {} @ {}", r.workload, r.target, fkey);
             let n = tasks.len();
             let task = *tasks.entry(key).or_insert(n);
-            samples.push(Sample {
-                task,
-                tokens: f.tokens,
-                latency: m.timing.median_s,
-            });
+            for (e, out) in encodings.iter().zip(samples.iter_mut()) {
+                let tokens = match e {
+                    Encoding::Allocation => {
+                        extract(&program, &targets[&fkey])
+                            .with_context(|| format!("{}: features", at()))?
+                            .tokens
+                    }
+                    Encoding::Primitives => primitive_tokens(&r.trace),
+                };
+                out.push(Sample {
+                    task,
+                    tokens,
+                    latency: m.timing.median_s,
+                });
+            }
         }
     }
-    if samples.is_empty() && filtered > 0 {
+    let samples_len = samples.first().map_or(0, Vec::len);
+    if samples_len == 0 && filtered > 0 {
         bail!(
             "the network filter removed every record of {} ({filtered} successful records of other workloads)",
             display(files)
         );
     }
-    if samples.is_empty() {
+    if samples_len == 0 {
         bail!(
             "no successful measurement in {} ({records} records)",
             display(files)
@@ -131,7 +161,15 @@ pub fn load(
     for (k, i) in tasks {
         keys[i] = (k, 1.0);
     }
-    Ok(Dataset::new(keys, samples, WIDTH)?)
+    let mut out = Vec::new();
+    for (e, samples) in encodings.iter().zip(samples) {
+        let width = match e {
+            Encoding::Allocation => WIDTH,
+            Encoding::Primitives => PRIMITIVE_WIDTH,
+        };
+        out.push(Dataset::new(keys.clone(), samples, width)?);
+    }
+    Ok(out)
 }
 
 /// Paths joined for messages.

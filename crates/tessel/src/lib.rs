@@ -42,6 +42,7 @@ mod data;
 mod dataset;
 mod error;
 mod export;
+mod heldout;
 mod learn;
 mod measure;
 mod plot;
@@ -52,12 +53,13 @@ mod tune;
 mod worker;
 
 pub use bench::{BENCH_HEADER, BenchOptions, BenchReport, BenchRow, bench_cpu, bench_row_line};
-pub use data::{load, network_filter, strict_read};
+pub use data::{Encoding, load, load_encoded, network_filter, strict_read};
 pub use dataset::{
     CANARY_EVERY, CanaryReport, DatasetOptions, DatasetReport, dataset, merge, parse_shard,
 };
 pub use error::{Context, Error, Result};
 pub use export::{ExportOptions, ExportReport, ExportedKernel, export};
+pub use heldout::{HeldOutOptions, HeldOutReport, NetworkScores, Scores, TEST_NETWORKS, held_out};
 pub use learn::{
     EvalOptions, EvalReport, HELD_OUT_NETWORKS, PretrainOptions, PretrainReport, SHIPPED_DATASETS,
     TransferOptions, TransferReport, eval, load_model, pretrain, transfer,

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use tessel::{
-    DatasetOptions, Emit, EvalOptions, ModelChoice, NoProgress, Notes, PretrainOptions, TargetSpec,
-    TransferOptions, TuneOptions,
+    DatasetOptions, Emit, EvalOptions, HeldOutOptions, ModelChoice, NoProgress, Notes,
+    PretrainOptions, TargetSpec, TransferOptions, TuneOptions,
 };
 
 /// Test harnesses cannot serve as workers: the façade's worker binary does.
@@ -388,4 +388,79 @@ fn every_shipped_dataset_reads_cleanly() {
         files += 1;
     }
     assert!(files >= 5);
+}
+
+#[test]
+fn held_out_networks_are_never_trained_on_and_are_scored_per_network() {
+    // One task of BERT-tiny (the test network) and one task of no network (training).
+    let dir = fresh_dir("lib-held-out");
+    for (spec, out) in [
+        ("bmm:b=2,m=128,n=64,k=128,dtype=f32", "test.jsonl"),
+        ("gemm:m=32,n=48,k=64,dtype=f32", "train.jsonl"),
+    ] {
+        let o = DatasetOptions {
+            workload: Some(spec.parse().unwrap()),
+            per_task: 8,
+            ..dataset_options("avx2-fma", dir.join(out))
+        };
+        tessel::dataset(&o, &mut NoProgress).unwrap();
+    }
+    let data = vec![dir.join("test.jsonl"), dir.join("train.jsonl")];
+    let o = HeldOutOptions {
+        test_networks: vec!["bert-tiny-128".into()],
+        epochs: 2,
+        d_model: 16,
+        heads: 2,
+        layers: 1,
+        ..HeldOutOptions::new(data.clone())
+    };
+    let r = tessel::held_out(&o, &mut NoProgress).unwrap();
+    assert_eq!((r.train_tasks, r.test_tasks), (1, 1));
+    assert_eq!(r.networks.len(), 1);
+    let n = &r.networks[0];
+    assert_eq!(
+        (n.network.as_str(), n.tasks, n.tasks_in_network),
+        ("bert-tiny-128", 1, 5)
+    );
+    assert_eq!(n.records, r.test_records);
+    let ablation = n
+        .scores
+        .primitives
+        .expect("the primitive-sequence ablation");
+    for m in [
+        n.scores.model,
+        ablation,
+        n.scores.ridge,
+        n.scores.gbt,
+        n.scores.random,
+    ] {
+        assert!((0.0..=1.0).contains(&m.top1) && m.top5 >= m.top1, "{m:?}");
+    }
+    // A test network without records, an unknown one, and data that is all test: errors.
+    for (nets, why) in [
+        (
+            vec!["resnet50".to_string()],
+            "no record of the test networks",
+        ),
+        (vec!["nonet".to_string()], "nonet"),
+    ] {
+        let e = tessel::held_out(
+            &HeldOutOptions {
+                test_networks: nets,
+                ..o.clone()
+            },
+            &mut NoProgress,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains(why), "{e}");
+    }
+    let e = tessel::held_out(
+        &HeldOutOptions {
+            data: vec![dir.join("test.jsonl")],
+            ..o.clone()
+        },
+        &mut NoProgress,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("nothing to train on"), "{e}");
 }

@@ -1,0 +1,304 @@
+//! TenSet's and TLP's evaluation protocol: every task of the test networks is held out of
+//! training and validation; a model trained on the other networks ranks each test network's
+//! tasks, scored per network (top-1 and top-5, weighted by how often each task occurs in the
+//! network, pairwise accuracy, Kendall's tau) and averaged over the networks, beside random,
+//! ridge, gradient-boosted trees and the ablation: the same network trained on
+//! primitive-sequence tokens (TLP's features) instead of allocation features.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use serde::Serialize;
+use tessel_ir::{DType, Types, network_with_types};
+use tessel_model::train::{gbt_rank, rank, ridge_rank};
+use tessel_model::{
+    Dataset, Loss, Metrics, Model, ModelConfig, Ranked, TrainOptions, metrics, train,
+};
+
+use crate::data::{Encoding, load_encoded};
+use crate::error::{Result, bail};
+use crate::progress::Progress;
+
+/// TenSet's and TLP's test networks, as tessel names them.
+pub const TEST_NETWORKS: &[&str] = &[
+    "resnet50",
+    "mobilenet-v2",
+    "resnext50",
+    "bert-tiny-128",
+    "bert-base-128",
+];
+
+/// What to evaluate.
+#[derive(Clone, Debug)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+pub struct HeldOutOptions {
+    /// Dataset files: the records of every network, test and training.
+    #[cfg_attr(feature = "clap", arg(long, num_args = 1.., required = true))]
+    pub data: Vec<PathBuf>,
+    /// Networks whose tasks are held out (default: TenSet's test networks).
+    #[cfg_attr(
+        feature = "clap",
+        arg(long = "test-network", value_delimiter = ',', default_values_t = TEST_NETWORKS.iter().map(|s| s.to_string()))
+    )]
+    pub test_networks: Vec<String>,
+    /// Training epochs (early stopping on a tenth of the training tasks).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 20))]
+    pub epochs: usize,
+    /// lambdarank, pairwise or mse.
+    #[cfg_attr(feature = "clap", arg(long, default_value = "lambdarank"))]
+    pub loss: Loss,
+    /// Peak learning rate.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 3e-3))]
+    pub lr: f64,
+    /// Width of the attention layers.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 48))]
+    pub d_model: usize,
+    /// Attention heads.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 3))]
+    pub heads: usize,
+    /// Attention layers.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 2))]
+    pub layers: usize,
+    /// Seed of the initialisation, the validation split and the batches.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 1))]
+    pub seed: u64,
+    /// Leave out the primitive-sequence ablation (a second model to train).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub no_ablation: bool,
+}
+
+impl HeldOutOptions {
+    /// The protocol on `data` with the defaults.
+    pub fn new(data: Vec<PathBuf>) -> Self {
+        HeldOutOptions {
+            data,
+            test_networks: TEST_NETWORKS.iter().map(|s| s.to_string()).collect(),
+            epochs: 20,
+            loss: Loss::LambdaRank,
+            lr: 3e-3,
+            d_model: 48,
+            heads: 3,
+            layers: 2,
+            seed: 1,
+            no_ablation: false,
+        }
+    }
+}
+
+/// Every ranker's figures on one test network (or their average over the networks).
+#[derive(Clone, Debug, Serialize)]
+pub struct Scores {
+    /// The model on allocation features.
+    pub model: Metrics,
+    /// The same network trained on primitive sequences (absent with `--no-ablation`).
+    pub primitives: Option<Metrics>,
+    /// Ridge regression on pooled features, fitted on the training networks.
+    pub ridge: Metrics,
+    /// Gradient-boosted trees on the same features, fitted the same way.
+    pub gbt: Metrics,
+    /// A random ranking.
+    pub random: Metrics,
+}
+
+/// One test network.
+#[derive(Clone, Debug, Serialize)]
+pub struct NetworkScores {
+    /// The network's name.
+    pub network: String,
+    /// Its tasks with records.
+    pub tasks: usize,
+    /// The tasks it has.
+    pub tasks_in_network: usize,
+    /// Records of those tasks.
+    pub records: usize,
+    /// Every ranker on its tasks.
+    pub scores: Scores,
+}
+
+/// The protocol's result.
+#[derive(Clone, Debug, Serialize)]
+pub struct HeldOutReport {
+    /// Records and tasks trained on (the other networks).
+    pub train_records: usize,
+    /// Tasks trained on.
+    pub train_tasks: usize,
+    /// Records and tasks of the test networks.
+    pub test_records: usize,
+    /// Tasks held out.
+    pub test_tasks: usize,
+    /// Each test network with records.
+    pub networks: Vec<NetworkScores>,
+    /// The mean over the test networks.
+    pub average: Scores,
+    /// Best epoch of the model (and of the ablation) on its validation tasks.
+    pub best_epoch: usize,
+    /// The ablation's best epoch.
+    pub ablation_best_epoch: Option<usize>,
+}
+
+/// Trains on every task outside the test networks, ranks each test network's tasks.
+pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldOutReport> {
+    if o.test_networks.is_empty() {
+        bail!("no test network: name at least one with --test-network");
+    }
+    if o.epochs == 0 {
+        bail!("epochs must be at least 1");
+    }
+    if !(o.lr.is_finite() && o.lr > 0.0 && o.lr < 1.0) {
+        bail!("lr {} is not a learning rate in (0, 1)", o.lr);
+    }
+    // Each test network's workloads (every element type: records carry the one they were
+    // measured in) and how often each occurs.
+    let mut weights: Vec<HashMap<String, u64>> = Vec::new();
+    let mut sizes: Vec<usize> = Vec::new();
+    for name in &o.test_networks {
+        let mut w = HashMap::new();
+        let mut size = 0;
+        let int8 = Types {
+            dtype: DType::U8,
+            wdtype: DType::I8,
+        };
+        for types in DType::ALL.into_iter().map(Types::same).chain([int8]) {
+            if let Ok(net) = network_with_types(name, 1, types) {
+                let tasks = net.tasks();
+                size = size.max(tasks.len());
+                for t in tasks {
+                    w.insert(t.workload.to_string(), t.weight);
+                }
+            }
+        }
+        if w.is_empty() {
+            network_with_types(name, 1, Types::same(DType::F32))?;
+        }
+        weights.push(w);
+        sizes.push(size);
+    }
+    let encodings: &[Encoding] = if o.no_ablation {
+        &[Encoding::Allocation]
+    } else {
+        &[Encoding::Allocation, Encoding::Primitives]
+    };
+    let sets = load_encoded(&o.data, None, encodings, progress)?;
+    let data = &sets[0];
+    let workload_of =
+        |t: usize| -> &str { data.tasks[t].0.split(" @ ").next().unwrap_or_default() };
+    let is_test = |t: usize| weights.iter().any(|w| w.contains_key(workload_of(t)));
+    let (test_ids, train_ids): (Vec<usize>, Vec<usize>) =
+        (0..data.tasks.len()).partition(|&t| is_test(t));
+    if train_ids.is_empty() {
+        bail!(
+            "every task of the data belongs to a test network ({}): there is nothing to train on",
+            o.test_networks.join(", ")
+        );
+    }
+    if test_ids.is_empty() {
+        bail!(
+            "no record of the test networks ({}) in the data",
+            o.test_networks.join(", ")
+        );
+    }
+    let opts = TrainOptions {
+        loss: o.loss,
+        epochs: o.epochs,
+        lr: o.lr,
+        val_fraction: 0.1,
+        seed: o.seed,
+        ..TrainOptions::default()
+    };
+    let fit = |set: &Dataset, what: &str, progress: &mut dyn Progress| -> Result<(Model, usize)> {
+        let train_set = set.subset(&train_ids);
+        let mut config = ModelConfig::new(set.width);
+        config.d_model = o.d_model;
+        config.heads = o.heads;
+        config.layers = o.layers;
+        config.d_ff = 2 * o.d_model;
+        let mut model = Model::new(config, o.seed)?;
+        progress.start(what, o.epochs as u64);
+        let report = train(&mut model, &train_set, &opts, &mut |e| {
+            progress.update(e.epoch as u64, "")
+        })?;
+        progress.finish();
+        Ok((model, report.best_epoch))
+    };
+    let (mut model, best_epoch) = fit(data, "epochs (allocation features)", progress)?;
+    let ablation = match sets.get(1) {
+        Some(prim) => Some((fit(prim, "epochs (primitive sequences)", progress)?, prim)),
+        None => None,
+    };
+    let (train_set, test_set) = (data.subset(&train_ids), data.subset(&test_ids));
+    let ranked = rank(&mut model, &test_set);
+    let ridge = ridge_rank(&train_set, &test_set);
+    progress.note("fitting gradient-boosted trees");
+    let gbt = gbt_rank(&train_set, &test_set, o.seed);
+    let (prim_ranked, ablation_best_epoch) = match ablation {
+        Some(((mut m, best), prim)) => (Some(rank(&mut m, &prim.subset(&test_ids))), Some(best)),
+        None => (None, None),
+    };
+    // Per network: its tasks among the test tasks, weighted by their count in the network.
+    let mut networks = Vec::new();
+    for ((name, w), &size) in o.test_networks.iter().zip(&weights).zip(&sizes) {
+        let mine: Vec<(usize, f64)> = test_ids
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &t)| w.get(workload_of(t)).map(|&n| (i, n as f64)))
+            .collect();
+        if mine.is_empty() {
+            progress.note(&format!(
+                "{name}: no records in the data; left out of the average"
+            ));
+            continue;
+        }
+        let pick = |r: &[Ranked]| -> Vec<Ranked> {
+            mine.iter()
+                .map(|&(i, weight)| Ranked {
+                    weight,
+                    ..r[i].clone()
+                })
+                .collect()
+        };
+        let model_r = pick(&ranked);
+        networks.push(NetworkScores {
+            network: name.clone(),
+            tasks: mine.len(),
+            tasks_in_network: size,
+            records: model_r.iter().map(|r| r.latency.len()).sum(),
+            scores: Scores {
+                model: metrics::evaluate(&model_r),
+                primitives: prim_ranked.as_ref().map(|p| metrics::evaluate(&pick(p))),
+                ridge: metrics::evaluate(&pick(&ridge)),
+                gbt: metrics::evaluate(&pick(&gbt)),
+                random: metrics::random_baseline(&model_r, 20, o.seed),
+            },
+        });
+    }
+    let average = Scores {
+        model: mean(networks.iter().map(|n| n.scores.model)),
+        primitives: prim_ranked
+            .as_ref()
+            .map(|_| mean(networks.iter().filter_map(|n| n.scores.primitives))),
+        ridge: mean(networks.iter().map(|n| n.scores.ridge)),
+        gbt: mean(networks.iter().map(|n| n.scores.gbt)),
+        random: mean(networks.iter().map(|n| n.scores.random)),
+    };
+    Ok(HeldOutReport {
+        train_records: train_set.samples.len(),
+        train_tasks: train_ids.len(),
+        test_records: test_set.samples.len(),
+        test_tasks: test_ids.len(),
+        networks,
+        average,
+        best_epoch,
+        ablation_best_epoch,
+    })
+}
+
+fn mean(ms: impl Iterator<Item = Metrics>) -> Metrics {
+    let all: Vec<Metrics> = ms.collect();
+    let n = all.len().max(1) as f64;
+    Metrics {
+        top1: all.iter().map(|m| m.top1).sum::<f64>() / n,
+        top5: all.iter().map(|m| m.top5).sum::<f64>() / n,
+        pairwise_accuracy: all.iter().map(|m| m.pairwise_accuracy).sum::<f64>() / n,
+        kendall_tau: all.iter().map(|m| m.kendall_tau).sum::<f64>() / n,
+    }
+}
