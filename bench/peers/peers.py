@@ -153,7 +153,7 @@ def tessel_peer(spec, trials, isa, work):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS).replace(",", ";"),
+    ap.add_argument("--workloads", default=";".join(DEFAULT_WORKLOADS),
                     help="tessel specs separated by ';'")
     ap.add_argument("--trials", type=int, default=64, help="tessel's trials")
     ap.add_argument("--ms-trials", type=int, default=200, help="MetaSchedule's trials")
