@@ -208,6 +208,33 @@ fn the_blis_seed_blocks_for_the_caches_and_pads_its_last_register_block_without_
     let want = op.reference(&inputs).unwrap();
     let got = program.run(&inputs).unwrap();
     assert!(got.max_relative_error(&want) < 1e-5, "{trace}");
+
+    // A 3x3 convolution: k = 3 * 3 * 32 is no power of two, so the k slice is a divisor of
+    // it (B, read from its packed copy, must not pad); m = 14 * 14 pads in the im2col block.
+    let op = "conv2d:n=1,h=14,w=14,c=32,k=64,r=3,s=3,stride=1,pad=1,layout=nhwc,dtype=f32"
+        .parse::<Workload>()
+        .unwrap()
+        .to_op();
+    let space = Space::new(&op, &InstructionSet::Only(vec!["avx2.vfmadd231ps".into()]));
+    let blis = space
+        .seeds()
+        .into_iter()
+        .find(|s| matches!(s, Sketch::Tensorized { mc, nc, .. } if mc * nc > 1))
+        .expect("a BLIS seed");
+    let (trace, program) = space.lower(&blis).unwrap();
+    let mut guards = Vec::new();
+    program.body.walk(&mut |s| {
+        if let tessel_ir::Stmt::Tensorized(c) = s {
+            guards.push(c.guards.len());
+        }
+    });
+    assert_eq!(guards, vec![0], "{trace}");
+    let inputs = op.random_inputs(2);
+    let want = op.reference(&inputs).unwrap();
+    assert!(
+        program.run(&inputs).unwrap().max_relative_error(&want) < 1e-5,
+        "{trace}"
+    );
 }
 
 /// A sampled schedule and two mutations of it, where they lower, compute what the reference

@@ -47,10 +47,13 @@ impl Space {
     }
 
     /// GotoBLAS/BLIS on `mapping`: the largest register block the register file holds (its
-    /// last block padded with zeros where the tiles do not divide: A's block is packed), a kc
-    /// slice whose B micro-panel takes half of a 32 KiB L1, an A block of mc rows in a quarter
-    /// of a 512 KiB L2, nc columns of B within 2 MiB of L3 (at least two column blocks, for
-    /// threads). None on AMX, whose tiles are their own register file.
+    /// last block along m padded with zeros where the tiles do not divide: A's block is
+    /// packed, so that block runs unguarded), a kc slice whose B micro-panel takes half of a
+    /// 32 KiB L1, an A block of mc rows in a quarter of a 512 KiB L2, nc columns of B within
+    /// 2 MiB of L3 (at least two column blocks, for threads). Along n and k, where B is read
+    /// from its packed copy rather than a zero-filled cache, the extents divide the tiles, so
+    /// no guard is left in the register block. None on AMX, whose tiles are their own register
+    /// file.
     pub(super) fn blis_tensorized(&self, mapping: usize) -> Option<Sketch> {
         let m = &self.mappings[mapping];
         let intr = m.intrinsic;
@@ -59,22 +62,29 @@ impl Space {
         }
         let tiles = |d: usize, ext: u64| m.mapping.dims[d].extent.div_ceil(ext);
         let (mt, nt, kt) = (tiles(0, intr.m), tiles(1, intr.n), tiles(2, intr.k));
-        let nr = (if intr.registers >= 32 { 4 } else { 2 }).min(nt);
+        // The largest divisor of `extent` not above `cap` (1 divides everything).
+        let divisor_at_most = |extent: u64, cap: u64| {
+            (1..=cap.min(extent).max(1))
+                .rev()
+                .find(|d| extent.is_multiple_of(*d))
+                .unwrap_or(1)
+        };
+        let nr = divisor_at_most(nt, if intr.registers >= 32 { 4 } else { 2 });
         let mr = (max_accumulators(intr) / nr).min(mt).max(1);
         let (a_bytes, b_bytes) = (intr.a.bytes() as u64, intr.b.bytes() as u64);
-        let pow2_at_most = |x: u64| if x <= 1 { 1 } else { 1 << x.ilog2() };
-        let kc = pow2_at_most((16 << 10) / (nr * intr.n * intr.k * b_bytes).max(1))
-            .min(kt)
-            .max(1);
+        let kc = divisor_at_most(kt, (16 << 10) / (nr * intr.n * intr.k * b_bytes).max(1));
         let k_bytes = kc * intr.k;
+        let pow2_at_most = |x: u64| if x <= 1 { 1 } else { 1 << x.ilog2() };
         let mc = pow2_at_most((128 << 10) / (mr * intr.m * k_bytes * a_bytes).max(1))
             .min(mt.div_ceil(mr))
             .max(1);
-        let nb = nt.div_ceil(nr);
-        let nc = pow2_at_most((2 << 20) / (nr * intr.n * k_bytes * b_bytes).max(1))
-            .min(MAX_CACHE_BLOCKS)
-            .min(if nb >= 2 { nb / 2 } else { 1 })
-            .max(1);
+        let nb = nt / nr;
+        let nc = divisor_at_most(
+            nb,
+            ((2 << 20) / (nr * intr.n * k_bytes * b_bytes).max(1))
+                .min(MAX_CACHE_BLOCKS)
+                .min(if nb >= 2 { nb / 2 } else { 1 }),
+        );
         Some(Sketch::Tensorized {
             mapping,
             mr,
