@@ -174,6 +174,17 @@ fn seeds_are_the_classic_gemm_on_each_instruction_and_pass_the_checks() {
     }
 }
 
+/// How many guards each tensorized call of a program carries.
+fn call_guards(program: &tessel_ir::Program) -> Vec<usize> {
+    let mut guards = Vec::new();
+    program.body.walk(&mut |s| {
+        if let tessel_ir::Stmt::Tensorized(c) = s {
+            guards.push(c.guards.len());
+        }
+    });
+    guards
+}
+
 #[test]
 fn the_blis_seed_blocks_for_the_caches_and_pads_its_last_register_block_without_guards() {
     // m = 100 is not a multiple of the 6-row register block: A's block is packed with zeros
@@ -197,13 +208,7 @@ fn the_blis_seed_blocks_for_the_caches_and_pads_its_last_register_block_without_
     assert_eq!((*mr, *nr), (6, 2));
     assert!(cache_a.is_some());
     let (trace, program) = space.lower(blis).unwrap();
-    let mut calls = Vec::new();
-    program.body.walk(&mut |s| {
-        if let tessel_ir::Stmt::Tensorized(c) = s {
-            calls.push(c.guards.len());
-        }
-    });
-    assert_eq!(calls, vec![0], "{trace}");
+    assert_eq!(call_guards(&program), vec![0], "{trace}");
     let inputs = op.random_inputs(1);
     let want = op.reference(&inputs).unwrap();
     let got = program.run(&inputs).unwrap();
@@ -222,13 +227,7 @@ fn the_blis_seed_blocks_for_the_caches_and_pads_its_last_register_block_without_
         .find(|s| matches!(s, Sketch::Tensorized { mc, nc, .. } if mc * nc > 1))
         .expect("a BLIS seed");
     let (trace, program) = space.lower(&blis).unwrap();
-    let mut guards = Vec::new();
-    program.body.walk(&mut |s| {
-        if let tessel_ir::Stmt::Tensorized(c) = s {
-            guards.push(c.guards.len());
-        }
-    });
-    assert_eq!(guards, vec![0], "{trace}");
+    assert_eq!(call_guards(&program), vec![0], "{trace}");
     let inputs = op.random_inputs(2);
     let want = op.reference(&inputs).unwrap();
     assert!(

@@ -11,12 +11,11 @@ use std::path::PathBuf;
 use serde::Serialize;
 use tessel_ir::{DType, Types, network_with_types};
 use tessel_model::train::{gbt_rank, rank, ridge_rank};
-use tessel_model::{
-    Dataset, Loss, Metrics, Model, ModelConfig, Ranked, TrainOptions, metrics, train,
-};
+use tessel_model::{Dataset, Loss, Metrics, Model, Ranked, TrainOptions, metrics, train};
 
 use crate::data::{Encoding, load_encoded};
 use crate::error::{Result, bail};
+use crate::learn::Architecture;
 use crate::progress::Progress;
 
 /// TenSet's and TLP's test networks, as tessel names them.
@@ -50,15 +49,9 @@ pub struct HeldOutOptions {
     /// Peak learning rate.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 3e-3))]
     pub lr: f64,
-    /// Width of the attention layers.
-    #[cfg_attr(feature = "clap", arg(long, default_value_t = 48))]
-    pub d_model: usize,
-    /// Attention heads.
-    #[cfg_attr(feature = "clap", arg(long, default_value_t = 3))]
-    pub heads: usize,
-    /// Attention layers.
-    #[cfg_attr(feature = "clap", arg(long, default_value_t = 2))]
-    pub layers: usize,
+    /// The network's shape (the ablation's is the same).
+    #[cfg_attr(feature = "clap", command(flatten))]
+    pub architecture: Architecture,
     /// Seed of the initialisation, the validation split and the batches.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 1))]
     pub seed: u64,
@@ -76,9 +69,7 @@ impl HeldOutOptions {
             epochs: 20,
             loss: Loss::LambdaRank,
             lr: 3e-3,
-            d_model: 48,
-            heads: 3,
-            layers: 2,
+            architecture: Architecture::default(),
             seed: 1,
             no_ablation: false,
         }
@@ -207,12 +198,7 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
     };
     let fit = |set: &Dataset, what: &str, progress: &mut dyn Progress| -> Result<(Model, usize)> {
         let train_set = set.subset(&train_ids);
-        let mut config = ModelConfig::new(set.width);
-        config.d_model = o.d_model;
-        config.heads = o.heads;
-        config.layers = o.layers;
-        config.d_ff = 2 * o.d_model;
-        let mut model = Model::new(config, o.seed)?;
+        let mut model = Model::new(o.architecture.config(set.width), o.seed)?;
         progress.start(what, o.epochs as u64);
         let report = train(&mut model, &train_set, &opts, &mut |e| {
             progress.update(e.epoch as u64, "")

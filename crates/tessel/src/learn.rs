@@ -47,6 +47,18 @@ pub struct PretrainOptions {
     /// Seed of the initialisation, the split and the batches.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 1))]
     pub seed: u64,
+    /// The network's shape.
+    #[cfg_attr(feature = "clap", command(flatten))]
+    pub architecture: Architecture,
+    /// Overwrite the model files at `out` if they exist.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub force: bool,
+}
+
+/// The attention network's shape, for the commands that train a new model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+pub struct Architecture {
     /// Width of the attention layers.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 48))]
     pub d_model: usize,
@@ -56,9 +68,28 @@ pub struct PretrainOptions {
     /// Attention layers.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 2))]
     pub layers: usize,
-    /// Overwrite the model files at `out` if they exist.
-    #[cfg_attr(feature = "clap", arg(long))]
-    pub force: bool,
+}
+
+impl Default for Architecture {
+    fn default() -> Self {
+        Architecture {
+            d_model: 48,
+            heads: 3,
+            layers: 2,
+        }
+    }
+}
+
+impl Architecture {
+    /// The model configuration of this shape for tokens of `width` columns.
+    pub fn config(&self, width: usize) -> ModelConfig {
+        let mut config = ModelConfig::new(width);
+        config.d_model = self.d_model;
+        config.heads = self.heads;
+        config.layers = self.layers;
+        config.d_ff = 2 * self.d_model;
+        config
+    }
 }
 
 impl PretrainOptions {
@@ -73,9 +104,7 @@ impl PretrainOptions {
             lr: 3e-3,
             val_fraction: 0.2,
             seed: 1,
-            d_model: 48,
-            heads: 3,
-            layers: 2,
+            architecture: Architecture::default(),
             force: false,
         }
     }
@@ -111,12 +140,7 @@ pub fn pretrain(o: &PretrainOptions, progress: &mut dyn Progress) -> Result<Pret
     }
     refuse_overwrite(&o.out, o.force)?;
     let data = load(&o.data, network_filter(&o.networks)?.as_ref(), progress)?;
-    let mut config = ModelConfig::new(WIDTH);
-    config.d_model = o.d_model;
-    config.heads = o.heads;
-    config.layers = o.layers;
-    config.d_ff = 2 * o.d_model;
-    let mut model = Model::new(config, o.seed)?;
+    let mut model = Model::new(o.architecture.config(WIDTH), o.seed)?;
     let opts = TrainOptions {
         loss: o.loss,
         epochs: o.epochs,

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use tessel::{
-    DatasetOptions, Emit, EvalOptions, HeldOutOptions, ModelChoice, NoProgress, Notes,
-    PretrainOptions, TargetSpec, TransferOptions, TuneOptions,
+    Architecture, DatasetOptions, Emit, EvalOptions, HeldOutOptions, ModelChoice, NoProgress,
+    Notes, PretrainOptions, TargetSpec, TransferOptions, TuneOptions,
 };
 
 /// Test harnesses cannot serve as workers: the façade's worker binary does.
@@ -84,9 +84,11 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
     let pretrain = PretrainOptions {
         epochs: 2,
         val_fraction: 0.5,
-        d_model: 16,
-        heads: 2,
-        layers: 1,
+        architecture: Architecture {
+            d_model: 16,
+            heads: 2,
+            layers: 1,
+        },
         ..PretrainOptions::new(vec![all.clone()], dir.join("m/model"))
     };
     let mut notes = Notes::default();
@@ -409,9 +411,11 @@ fn held_out_networks_are_never_trained_on_and_are_scored_per_network() {
     let o = HeldOutOptions {
         test_networks: vec!["bert-tiny-128".into()],
         epochs: 2,
-        d_model: 16,
-        heads: 2,
-        layers: 1,
+        architecture: Architecture {
+            d_model: 16,
+            heads: 2,
+            layers: 1,
+        },
         ..HeldOutOptions::new(data.clone())
     };
     let r = tessel::held_out(&o, &mut NoProgress).unwrap();
