@@ -29,6 +29,16 @@ static void fill(memory &m) {
     for (size_t i = 0; i < n; ++i) p[i] = (unsigned char)((i * 7 + 3) % 5);  // small values
 }
 
+// Weights in the layout the primitive chose (`format_tag::any`), reordered once and not timed:
+// oneDNN's pre-packed weights.
+static memory prepacked(memory plain, const memory::desc &want, engine &eng, stream &s) {
+    if (plain.get_desc() == want) return plain;
+    memory packed(want, eng);
+    reorder(plain, packed).execute(s, plain, packed);
+    s.wait();
+    return packed;
+}
+
 static double time_it(primitive &prim, stream &s, std::unordered_map<int, memory> &args,
                       double min_s, size_t *iters) {
     for (int i = 0; i < 3; ++i) prim.execute(s, args);
@@ -78,12 +88,7 @@ int main(int argc, char **argv) {
         memory A(a_md, eng), Bp(b_plain, eng), C(c_md, eng);
         fill(A);
         fill(Bp);
-        memory B = Bp;
-        if (pd.weights_desc() != b_plain) {
-            B = memory(pd.weights_desc(), eng);
-            reorder(Bp, B).execute(s, Bp, B);
-            s.wait();
-        }
+        memory B = prepacked(Bp, pd.weights_desc(), eng, s);
         memory scratch(pd.scratchpad_desc(), eng);
         std::unordered_map<int, memory> args{{DNNL_ARG_SRC, A}, {DNNL_ARG_WEIGHTS, B},
                                              {DNNL_ARG_DST, C}, {DNNL_ARG_SCRATCHPAD, scratch}};
@@ -108,12 +113,7 @@ int main(int argc, char **argv) {
         memory Src(pd.src_desc(), eng), Dst(pd.dst_desc(), eng), Wp(w_plain, eng);
         fill(Src);
         fill(Wp);
-        memory Wt = Wp;
-        if (pd.weights_desc() != w_plain) {
-            Wt = memory(pd.weights_desc(), eng);
-            reorder(Wp, Wt).execute(s, Wp, Wt);
-            s.wait();
-        }
+        memory Wt = prepacked(Wp, pd.weights_desc(), eng, s);
         memory scratch(pd.scratchpad_desc(), eng);
         std::unordered_map<int, memory> args{{DNNL_ARG_SRC, Src}, {DNNL_ARG_WEIGHTS, Wt},
                                              {DNNL_ARG_DST, Dst}, {DNNL_ARG_SCRATCHPAD, scratch}};

@@ -8,7 +8,6 @@ use forust_ml::objective::ObjectiveType;
 use forust_ml::{GradientBooster, Matrix};
 
 use crate::ModelError;
-use crate::metrics::pooled;
 
 /// Boosting rounds, learning rate and depth (TenSet's XGBoost model uses depth 10 and a
 /// rate of 0.2 on far more data; depth 6 is XGBoost's default).
@@ -71,14 +70,6 @@ fn column_major(x: &[Vec<f64>], columns: usize) -> Vec<f64> {
         }
     }
     data
-}
-
-/// The pooled features of every sample of a dataset.
-pub fn pooled_rows(data: &crate::Dataset) -> Vec<Vec<f64>> {
-    data.samples
-        .iter()
-        .map(|s| pooled(&s.tokens, data.width))
-        .collect()
 }
 
 #[cfg(test)]

@@ -452,12 +452,9 @@ pub fn compare(model: &mut Model, train: &Dataset, test: &Dataset, seed: u64) ->
 /// `train` to predict log relative throughput. Without training records (or when the fit
 /// fails), every candidate scores the same, as an unfitted ridge does.
 pub fn gbt_rank(train: &Dataset, test: &Dataset, seed: u64) -> Vec<Ranked> {
-    let y: Vec<f64> = (0..train.samples.len())
-        .map(|i| train.label(i).ln())
-        .collect();
-    let fitted = crate::gbt::Gbt::fit(&crate::gbt::pooled_rows(train), &y, seed).ok();
+    let fitted = crate::gbt::Gbt::fit(&pooled_rows(train), &log_labels(train), seed).ok();
     let scores = match fitted {
-        Some(g) => g.predict(&crate::gbt::pooled_rows(test)),
+        Some(g) => g.predict(&pooled_rows(test)),
         None => vec![0.0; test.samples.len()],
     };
     by_task(test, scores.into_iter())
@@ -466,20 +463,24 @@ pub fn gbt_rank(train: &Dataset, test: &Dataset, seed: u64) -> Vec<Ranked> {
 /// Rankings of every task of `test` by ridge regression on pooled features, fitted on `train`
 /// to predict log relative throughput.
 pub fn ridge_rank(train: &Dataset, test: &Dataset) -> Vec<Ranked> {
-    let x: Vec<Vec<f64>> = train
-        .samples
-        .iter()
-        .map(|s| metrics::pooled(&s.tokens, train.width))
-        .collect();
-    let y: Vec<f64> = (0..train.samples.len())
-        .map(|i| train.label(i).ln())
-        .collect();
-    let ridge = metrics::Ridge::fit(&x, &y, 1.0);
-    let scores = test
-        .samples
-        .iter()
-        .map(|s| ridge.predict(&metrics::pooled(&s.tokens, test.width)));
+    let ridge = metrics::Ridge::fit(&pooled_rows(train), &log_labels(train), 1.0);
+    let scores = pooled_rows(test).into_iter().map(|x| ridge.predict(&x));
     by_task(test, scores)
+}
+
+/// The baselines' input: every sample's pooled tokens.
+fn pooled_rows(data: &Dataset) -> Vec<Vec<f64>> {
+    data.samples
+        .iter()
+        .map(|s| metrics::pooled(&s.tokens, data.width))
+        .collect()
+}
+
+/// The baselines' target: log relative throughput.
+fn log_labels(data: &Dataset) -> Vec<f64> {
+    (0..data.samples.len())
+        .map(|i| data.label(i).ln())
+        .collect()
 }
 
 /// Options for fine-tuning a pretrained model on a few records of a new platform or workload:

@@ -1,7 +1,7 @@
 //! Records as training data: reading dataset files strictly, selecting networks, and turning
 //! records into featurised samples.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use tessel_features::{PRIMITIVE_WIDTH, Target, WIDTH, extract, primitive_tokens};
@@ -53,22 +53,44 @@ pub fn network_filter(names: &[String]) -> Result<Option<HashSet<String>>> {
     }
     let mut specs = HashSet::new();
     for name in names {
-        // Every element type, and quantized u8 x i8.
-        let int8 = Types {
-            dtype: DType::U8,
-            wdtype: DType::I8,
-        };
-        for types in DType::ALL.into_iter().map(Types::same).chain([int8]) {
-            if let Ok(net) = network_with_types(name, 1, types) {
-                specs.extend(net.tasks().into_iter().map(|t| t.workload.to_string()));
-            }
-        }
-        if specs.is_empty() {
-            // Let the network lookup name the problem.
-            network(name, 1, DType::F32)?;
-        }
+        specs.extend(network_tasks(name)?.weights.into_keys());
     }
     Ok(Some(specs))
+}
+
+/// A network's tasks as records name them: batch 1, in every element type and quantized
+/// u8 x i8.
+pub(crate) struct NetworkTasks {
+    /// Workload spec -> how often it occurs in the network.
+    pub weights: HashMap<String, u64>,
+    /// Distinct tasks in one element type.
+    pub count: usize,
+}
+
+/// The tasks of network `name`; an unknown name is an error naming the known ones.
+pub(crate) fn network_tasks(name: &str) -> Result<NetworkTasks> {
+    let int8 = Types {
+        dtype: DType::U8,
+        wdtype: DType::I8,
+    };
+    let mut weights = HashMap::new();
+    let mut count = 0;
+    for types in DType::ALL.into_iter().map(Types::same).chain([int8]) {
+        if let Ok(net) = network_with_types(name, 1, types) {
+            let tasks = net.tasks();
+            count = count.max(tasks.len());
+            weights.extend(
+                tasks
+                    .into_iter()
+                    .map(|t| (t.workload.to_string(), t.weight)),
+            );
+        }
+    }
+    if weights.is_empty() {
+        // Let the network lookup name the problem.
+        network(name, 1, DType::F32)?;
+    }
+    Ok(NetworkTasks { weights, count })
 }
 
 /// How records become tokens.
@@ -179,4 +201,18 @@ pub(crate) fn display(files: &[PathBuf]) -> String {
         .map(|p| p.display().to_string())
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_network_is_an_error_even_after_a_known_one() {
+        let e = network_filter(&["resnet50".into(), "nonet".into()]).unwrap_err();
+        assert!(e.to_string().contains("nonet"), "{e}");
+        let specs = network_filter(&["bert-tiny-128".into()]).unwrap().unwrap();
+        assert!(specs.contains("dense:m=128,n=128,k=128,dtype=f32,epilogue=bias"));
+        assert_eq!(network_tasks("bert-tiny-128").unwrap().count, 5);
+    }
 }

@@ -5,15 +5,13 @@
 //! ridge, gradient-boosted trees and the ablation: the same network trained on
 //! primitive-sequence tokens (TLP's features) instead of allocation features.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 
 use serde::Serialize;
-use tessel_ir::{DType, Types, network_with_types};
 use tessel_model::train::{gbt_rank, rank, ridge_rank};
 use tessel_model::{Dataset, Loss, Metrics, Model, Ranked, TrainOptions, metrics, train};
 
-use crate::data::{Encoding, load_encoded};
+use crate::data::{Encoding, load_encoded, network_tasks};
 use crate::error::{Result, bail};
 use crate::learn::Architecture;
 use crate::progress::Progress;
@@ -138,32 +136,13 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
     if !(o.lr.is_finite() && o.lr > 0.0 && o.lr < 1.0) {
         bail!("lr {} is not a learning rate in (0, 1)", o.lr);
     }
-    // Each test network's workloads (every element type: records carry the one they were
+    // Each test network's workloads (in every element type: records carry the one they were
     // measured in) and how often each occurs.
-    let mut weights: Vec<HashMap<String, u64>> = Vec::new();
-    let mut sizes: Vec<usize> = Vec::new();
-    for name in &o.test_networks {
-        let mut w = HashMap::new();
-        let mut size = 0;
-        let int8 = Types {
-            dtype: DType::U8,
-            wdtype: DType::I8,
-        };
-        for types in DType::ALL.into_iter().map(Types::same).chain([int8]) {
-            if let Ok(net) = network_with_types(name, 1, types) {
-                let tasks = net.tasks();
-                size = size.max(tasks.len());
-                for t in tasks {
-                    w.insert(t.workload.to_string(), t.weight);
-                }
-            }
-        }
-        if w.is_empty() {
-            network_with_types(name, 1, Types::same(DType::F32))?;
-        }
-        weights.push(w);
-        sizes.push(size);
-    }
+    let nets = o
+        .test_networks
+        .iter()
+        .map(|name| network_tasks(name))
+        .collect::<Result<Vec<_>>>()?;
     let encodings: &[Encoding] = if o.no_ablation {
         &[Encoding::Allocation]
     } else {
@@ -173,7 +152,7 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
     let data = &sets[0];
     let workload_of =
         |t: usize| -> &str { data.tasks[t].0.split(" @ ").next().unwrap_or_default() };
-    let is_test = |t: usize| weights.iter().any(|w| w.contains_key(workload_of(t)));
+    let is_test = |t: usize| nets.iter().any(|n| n.weights.contains_key(workload_of(t)));
     let (test_ids, train_ids): (Vec<usize>, Vec<usize>) =
         (0..data.tasks.len()).partition(|&t| is_test(t));
     if train_ids.is_empty() {
@@ -222,11 +201,11 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
     };
     // Per network: its tasks among the test tasks, weighted by their count in the network.
     let mut networks = Vec::new();
-    for ((name, w), &size) in o.test_networks.iter().zip(&weights).zip(&sizes) {
+    for (name, net) in o.test_networks.iter().zip(&nets) {
         let mine: Vec<(usize, f64)> = test_ids
             .iter()
             .enumerate()
-            .filter_map(|(i, &t)| w.get(workload_of(t)).map(|&n| (i, n as f64)))
+            .filter_map(|(i, &t)| net.weights.get(workload_of(t)).map(|&n| (i, n as f64)))
             .collect();
         if mine.is_empty() {
             progress.note(&format!(
@@ -246,7 +225,7 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
         networks.push(NetworkScores {
             network: name.clone(),
             tasks: mine.len(),
-            tasks_in_network: size,
+            tasks_in_network: net.count,
             records: model_r.iter().map(|r| r.latency.len()).sum(),
             scores: Scores {
                 model: metrics::evaluate(&model_r),

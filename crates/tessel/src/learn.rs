@@ -306,16 +306,15 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
     };
     let fine_opts = transfer_options(trainable, &pre);
     progress.start("models", 5);
-    let pretrained = model.duplicate()?;
     let before = compare(&mut model, &shots, &test, o.seed);
     // Fine-tuning can make a model worse (TenSet's users saw transfer slow ResNet-50 down on
     // a new device). Which of pretrained, fine-tuned and scratch to keep is decided on the
     // shots alone: half of their tasks train, the other half validate. The test tasks are
     // never looked at.
     progress.update(0, "validating on the shots");
-    let validation = validate_transfer(&pretrained, &shots, &pre, &fine_opts, o.seed)?;
+    let validation = validate_transfer(&mut model, &shots, &pre, &fine_opts, o.seed)?;
     progress.update(3, "fine-tuning");
-    let mut fine = pretrained.duplicate()?;
+    let mut fine = model.duplicate()?;
     if !shots.samples.is_empty() {
         train(&mut fine, &shots, &fine_opts, &mut |_| {})?;
     }
@@ -379,7 +378,7 @@ fn choose_transfer(validation: Option<&TransferValidation>) -> &'static str {
 /// two trained on the fitting half. None when there is no such split: fewer than two tasks
 /// of at least two records each.
 fn validate_transfer(
-    pretrained: &Model,
+    pretrained: &mut Model,
     shots: &Dataset,
     pre: &TrainOptions,
     fine_opts: &TrainOptions,
@@ -402,7 +401,6 @@ fn validate_transfer(
         return Ok(None);
     }
     let judge = |m: &mut Model| metrics::evaluate(&rank(m, &val));
-    let mut p = pretrained.duplicate()?;
     let mut f = pretrained.duplicate()?;
     train(&mut f, &fit, fine_opts, &mut |_| {})?;
     let mut s = Model::new(pretrained.config().clone(), seed)?;
@@ -411,7 +409,7 @@ fn validate_transfer(
         fit_records: fit.samples.len(),
         validation_records: val.samples.len(),
         validation_tasks: val.tasks.len(),
-        pretrained: judge(&mut p),
+        pretrained: judge(pretrained),
         fine_tuned: judge(&mut f),
         scratch: judge(&mut s),
     }))

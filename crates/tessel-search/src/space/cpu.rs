@@ -220,8 +220,9 @@ impl Space {
         let (m0, n0, k0) = (p(fm, 0), p(fnn, 0), p(fk, 0));
         // The register block's and the instruction's levels of m and n.
         let (reg, ins) = if blocked { (2, 3) } else { (1, 2) };
+        // Blocked nests are GotoBLAS's, whose outer loops are order 0's.
+        let order = if blocked { 0 } else { order };
         let blocks: [&String; 3] = match order {
-            _ if blocked => [&n0, &k0, &m0],
             0 => [&n0, &k0, &m0],
             1 => [&n0, &m0, &k0],
             _ => [&m0, &n0, &k0],
