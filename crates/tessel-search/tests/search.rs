@@ -135,6 +135,19 @@ fn capacity_checks_reject_register_blocks_that_do_not_fit() {
     };
     let e = space.check(&too_big).unwrap_err();
     assert!(e.contains("8 accumulators"), "{e}");
+    // A sketch read back from a file with an empty cache block is refused, not replayed.
+    let Sketch::Tensorized { mr, nr, .. } = &too_big else {
+        unreachable!()
+    };
+    let json = serde_json::to_string(&too_big)
+        .unwrap()
+        .replace(&format!("\"mr\":{mr}"), "\"mr\":1")
+        .replace(&format!("\"nr\":{nr}"), "\"nr\":1")
+        .replace("\"order\"", "\"mc\":0,\"order\"");
+    let empty: Sketch = serde_json::from_str(&json).unwrap();
+    let e = space.check(&empty).unwrap_err();
+    assert!(e.contains("block extent of 0"), "{e}");
+    assert!(space.trace(&empty).is_err());
 }
 
 #[test]
