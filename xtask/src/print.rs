@@ -188,6 +188,7 @@ fn comparison(label: &str, c: &Comparison) {
         ("model", &c.model),
         ("ridge", &c.ridge),
         ("trees", &c.gbt),
+        ("roofline", &c.roofline),
         ("random", &c.random),
     ] {
         println!(
@@ -266,6 +267,7 @@ pub fn eval(r: &EvalReport) {
             model,
             ridge: r.ridge,
             gbt: r.gbt,
+            roofline: r.roofline,
             random: r.random,
         },
     );
@@ -283,13 +285,14 @@ pub fn held_out(r: &tessel::HeldOutReport) {
         r.test_tasks
     );
     println!(
-        "{:<16} {:>5}  {:>17} {:>17} {:>17} {:>17} {:>17}",
-        "network", "tasks", "model", "primitives", "ridge", "trees", "random"
+        "{:<16} {:>5}  {:>17} {:>17} {:>17} {:>17} {:>17} {:>17}",
+        "network", "tasks", "model", "primitives", "ridge", "trees", "roofline", "random"
     );
     println!(
-        "{:<16} {:>5}  {:>17} {:>17} {:>17} {:>17} {:>17}",
+        "{:<16} {:>5}  {:>17} {:>17} {:>17} {:>17} {:>17} {:>17}",
         "",
         "",
+        "top1 top5 pair",
         "top1 top5 pair",
         "top1 top5 pair",
         "top1 top5 pair",
@@ -302,11 +305,12 @@ pub fn held_out(r: &tessel::HeldOutReport) {
     };
     let row = |name: &str, tasks: String, s: &tessel::Scores| {
         println!(
-            "{name:<16} {tasks:>5}  {:>17} {:>17} {:>17} {:>17} {:>17}",
+            "{name:<16} {tasks:>5}  {:>17} {:>17} {:>17} {:>17} {:>17} {:>17}",
             cell(Some(&s.model)),
             cell(s.primitives.as_ref()),
             cell(Some(&s.ridge)),
             cell(Some(&s.gbt)),
+            cell(Some(&s.roofline)),
             cell(Some(&s.random)),
         )
     };

@@ -35,6 +35,10 @@ pub struct Compiler {
     version: String,
     cache_dir: PathBuf,
     timeout: Duration,
+    /// Sources (by cache key) whose compilation ran past its timeout in this process, shared
+    /// by every clone (a prefetch thread's too): asking again fails at once instead of
+    /// spending the timeout a second time.
+    timed_out: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, f64>>>,
 }
 
 /// How long one compilation may take before it is killed: gcc -O3 can spend many minutes on
@@ -103,6 +107,7 @@ impl Compiler {
             version,
             cache_dir,
             timeout: DEFAULT_COMPILE_TIMEOUT,
+            timed_out: Default::default(),
         })
     }
 
@@ -110,6 +115,11 @@ impl Compiler {
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
+    }
+
+    /// The compile timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// `$TESSEL_CACHE_DIR`, else `tessel-cpu-cache` in the system's temporary directory.
@@ -185,6 +195,17 @@ impl Compiler {
             move |source| CompileError::Io { path, source }
         };
         let c = self.cache_dir.join(format!("tsl-{key}.c"));
+        // Ran past a limit at least as long as this one already: fail without trying again.
+        let limit = self.timeout.as_secs_f64();
+        if let Some(seconds) = self
+            .timed_out
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&key).copied())
+            && limit <= seconds
+        {
+            return Err(CompileError::Timeout { path: c, seconds });
+        }
         std::fs::write(&c, source).map_err(io(&c))?;
         // Build under a private name and rename: a concurrent or killed build never leaves a
         // half-written object under the final name.
@@ -247,6 +268,9 @@ impl Compiler {
                     let _ = child.wait();
                     let _ = std::fs::remove_file(&tmp);
                     let _ = std::fs::remove_file(&err_path);
+                    if let Ok(mut m) = self.timed_out.lock() {
+                        m.insert(key.clone(), self.timeout.as_secs_f64());
+                    }
                     return Err(CompileError::Timeout {
                         path: c,
                         seconds: self.timeout.as_secs_f64(),
@@ -311,6 +335,30 @@ mod tests {
             Err(CompileError::Timeout { .. }) => {}
             other => panic!("expected a timeout, got {other:?}"),
         }
+        // The same source under the same limit fails at once, without writing or compiling
+        // anything (the C file of the first try is gone, and stays gone).
+        let c_file = match cc.compile(&source, &BTreeSet::new(), Mode::Native) {
+            Err(CompileError::Timeout { path, .. }) => path,
+            other => panic!("expected the remembered timeout, got {other:?}"),
+        };
+        let _ = std::fs::remove_file(&c_file);
+        assert!(
+            cc.clone()
+                .compile(&source, &BTreeSet::new(), Mode::Native)
+                .is_err()
+        );
+        assert!(
+            !c_file.exists(),
+            "a remembered timeout rewrote {}",
+            c_file.display()
+        );
+        // A longer limit tries again, and succeeds; so does a compiler of its own.
+        let ok = cc.clone().with_timeout(Duration::from_secs(120)).compile(
+            &source,
+            &BTreeSet::new(),
+            Mode::Native,
+        );
+        assert!(ok.is_ok(), "{ok:?}");
         let ok = Compiler::new(&dir)
             .unwrap()
             .compile(&source, &BTreeSet::new(), Mode::Native);

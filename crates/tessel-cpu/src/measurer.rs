@@ -57,6 +57,22 @@ pub struct KernelJob {
     pub budget_s: Option<f64>,
 }
 
+/// How long one kernel compiled on its own (after its batch failed to build) may take.
+const KERNEL_COMPILE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Builds `kernels` into one module with `compiler`.
+fn build_with(
+    compiler: &Compiler,
+    kernels: &[&Kernel],
+    mode: Mode,
+) -> Result<Library, CompileError> {
+    let features: BTreeSet<String> = kernels
+        .iter()
+        .flat_map(|k| k.features.iter().cloned())
+        .collect();
+    compiler.compile(&module_source(kernels), &features, mode)
+}
+
 /// Measures candidates on this CPU: lowers each trace, generates C, compiles a batch into one
 /// shared object, and checks and times each kernel in a worker process.
 pub struct CpuMeasurer {
@@ -192,12 +208,7 @@ impl CpuMeasurer {
     }
 
     fn build(&self, kernels: &[&Kernel], mode: Mode) -> Result<Library, CompileError> {
-        let features: BTreeSet<String> = kernels
-            .iter()
-            .flat_map(|k| k.features.iter().cloned())
-            .collect();
-        self.compiler
-            .compile(&module_source(kernels), &features, mode)
+        build_with(&self.compiler, kernels, mode)
     }
 
     /// How a batch of prepared jobs is built: one module per mode; the jobs whose reference
@@ -301,14 +312,20 @@ impl CpuMeasurer {
                     }
                 }
                 Err(_) => {
-                    // Find the culprits: compile each kernel on its own (with its reference).
+                    // Find the culprits: compile each kernel on its own (with its reference),
+                    // each under a shorter limit than the batch's (one kernel alone compiles
+                    // in about a second; a pathological one should not cost the full limit).
+                    let alone = self
+                        .compiler
+                        .clone()
+                        .with_timeout(self.compiler.timeout().min(KERNEL_COMPILE_TIMEOUT));
                     for (i, r) in &plan.live {
                         let Ok(job) = &jobs[*i] else { continue };
                         let mut ks = vec![&job.kernel];
                         if let Reference::Symbol(s) = r {
                             ks.extend(plan.kernels.iter().find(|k| &k.name == s));
                         }
-                        match self.build(&ks, mode) {
+                        match build_with(&alone, &ks, mode) {
                             Ok(lib) => {
                                 let t = lib.compile_time.as_secs_f64();
                                 built.push((*i, lib, r.clone(), t));

@@ -28,6 +28,7 @@
 
 mod extract;
 pub mod primitives;
+pub mod roofline;
 pub mod schema;
 mod target;
 

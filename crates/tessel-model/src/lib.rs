@@ -231,6 +231,21 @@ impl Normalizer {
     }
 }
 
+/// The roofline prior of one program's raw tokens: `-ln` of its estimated seconds (higher is
+/// faster, like a score), clamped to a finite range; 0 for tokens of another width or that
+/// carry no estimate.
+pub fn prior_score(tokens: &[f32], width: usize) -> f32 {
+    if width != tessel_features::WIDTH {
+        return 0.0;
+    }
+    let seconds = tessel_features::roofline::estimate_seconds(tokens);
+    if seconds.is_finite() && seconds > 0.0 {
+        (-seconds.ln()).clamp(-50.0, 50.0) as f32
+    } else {
+        0.0
+    }
+}
+
 /// What the JSON file beside the weights holds.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ModelInfo {
@@ -300,6 +315,7 @@ impl Model {
     /// Scores (higher = faster) for programs given as raw (unnormalised) tokens, in parallel.
     pub fn predict(&mut self, programs: &[&[f32]]) -> Vec<f32> {
         let width = self.info.config.width;
+        let prior = self.info.config.prior;
         let norm = self.info.normalizer.clone();
         let fused = match self.fused() {
             Ok(f) => f,
@@ -315,7 +331,10 @@ impl Model {
                         return f32::MIN;
                     }
                     norm.apply(tokens, x);
-                    let s = fused.score(x, n, scratch);
+                    let mut s = fused.score(x, n, scratch);
+                    if prior {
+                        s += prior_score(tokens, width);
+                    }
                     if s.is_finite() { s } else { f32::MIN }
                 },
             )

@@ -20,6 +20,11 @@ pub struct ModelConfig {
     pub layers: usize,
     /// Hidden width of the feed-forward blocks.
     pub d_ff: usize,
+    /// Add the analytic roofline prior (`tessel_features::roofline`, as `-ln seconds`) to the
+    /// network's score, so that the network learns the correction to it. Models saved before
+    /// the prior existed read as `false`.
+    #[serde(default)]
+    pub prior: bool,
 }
 
 impl ModelConfig {
@@ -30,6 +35,7 @@ impl ModelConfig {
             heads: 3,
             layers: 2,
             d_ff: 96,
+            prior: false,
         }
     }
 

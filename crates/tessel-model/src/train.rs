@@ -163,6 +163,8 @@ fn by_task(data: &Dataset, scores: impl Iterator<Item = f64>) -> Vec<Ranked> {
 struct Batch {
     x: Tensor,
     mask: Tensor,
+    /// Each row's roofline prior, where the model adds it.
+    prior: Option<Tensor>,
     labels: Vec<f64>,
     groups: Vec<usize>,
 }
@@ -186,7 +188,17 @@ fn make_batch(model: &Model, data: &Dataset, rows: &[usize]) -> Result<Batch, Mo
             .iter_mut()
             .for_each(|m| *m = 1.0);
     }
+    let prior = if model.info.config.prior {
+        let p: Vec<f32> = rows
+            .iter()
+            .map(|&i| crate::prior_score(&data.samples[i].tokens, w))
+            .collect();
+        Some(Tensor::from_vec(p, rows.len(), &Device::Cpu)?)
+    } else {
+        None
+    };
     Ok(Batch {
+        prior,
         x: Tensor::from_vec(x, (rows.len(), t_max, w), &Device::Cpu)?,
         mask: Tensor::from_vec(mask, (rows.len(), t_max), &Device::Cpu)?,
         labels: rows.iter().map(|&i| data.label(i)).collect(),
@@ -304,7 +316,10 @@ pub(crate) fn step(
     opt: &mut AdamW,
 ) -> Result<f64, ModelError> {
     let b = make_batch(model, data, rows)?;
-    let scores = net::forward(&model.params, &model.info.config, &b.x, &b.mask)?;
+    let mut scores = net::forward(&model.params, &model.info.config, &b.x, &b.mask)?;
+    if let Some(prior) = &b.prior {
+        scores = (scores + prior)?;
+    }
     let l = batch_loss(loss, &scores, &b)?;
     let value = l.to_scalar::<f32>()? as f64;
     opt.backward_step(&l)?;
@@ -436,6 +451,8 @@ pub struct Comparison {
     pub ridge: Metrics,
     /// Gradient-boosted trees on the same pooled features as ridge.
     pub gbt: Metrics,
+    /// The analytic roofline estimate (`tessel_features::roofline`), fitted on nothing.
+    pub roofline: Metrics,
 }
 
 pub fn compare(model: &mut Model, train: &Dataset, test: &Dataset, seed: u64) -> Comparison {
@@ -445,7 +462,26 @@ pub fn compare(model: &mut Model, train: &Dataset, test: &Dataset, seed: u64) ->
         random: metrics::random_baseline(&ranked, 20, seed),
         ridge: metrics::evaluate(&ridge_rank(train, test)),
         gbt: metrics::evaluate(&gbt_rank(train, test, seed)),
+        roofline: metrics::evaluate(&roofline_rank(test)),
     }
+}
+
+/// Rankings of every task of `data` by the analytic roofline estimate of each program (no
+/// fitting: it reads the allocation features alone). Features of another width tie.
+pub fn roofline_rank(data: &Dataset) -> Vec<Ranked> {
+    let scores = data.samples.iter().map(|s| {
+        let seconds = if data.width == tessel_features::WIDTH {
+            tessel_features::roofline::estimate_seconds(&s.tokens)
+        } else {
+            f64::INFINITY
+        };
+        if seconds.is_finite() && seconds > 0.0 {
+            -seconds.ln()
+        } else {
+            f64::NEG_INFINITY
+        }
+    });
+    by_task(data, scores)
 }
 
 /// Rankings of every task of `test` by gradient-boosted trees on pooled features, fitted on

@@ -452,3 +452,52 @@ fn arbitrary_model_files_are_errors_not_panics() {
         )
         .unwrap();
 }
+
+#[test]
+fn the_roofline_prior_adds_to_the_network_score_and_is_saved() {
+    use std::collections::BTreeMap;
+    use tessel_features::{Target, WIDTH as FEATURES, extract};
+    use tessel_model::prior_score;
+    use tessel_search::rng::Rng;
+    use tessel_search::{InstructionSet, Space};
+
+    let op = "gemm:m=64,n=64,k=64,dtype=f32"
+        .parse::<tessel_ir::Workload>()
+        .unwrap()
+        .to_op();
+    let space = Space::new(&op, &InstructionSet::Only(vec!["avx2.vfmadd231ps".into()]));
+    let target = Target::cpu(
+        "t",
+        &["avx2".into(), "fma".into()],
+        1,
+        &BTreeMap::new(),
+        None,
+    );
+    let mut rng = Rng::new(3);
+    let tokens: Vec<Vec<f32>> = (0..8)
+        .filter_map(|_| space.lower(&space.sample(&mut rng)).ok())
+        .map(|(_, p)| extract(&p, &target).unwrap().tokens)
+        .collect();
+    let programs: Vec<&[f32]> = tokens.iter().map(|t| &t[..]).collect();
+    let mut config = ModelConfig::new(FEATURES);
+    config.d_model = 16;
+    config.heads = 2;
+    config.d_ff = 32;
+    let mut plain = Model::new(config.clone(), 1).unwrap();
+    config.prior = true;
+    let mut with_prior = Model::new(config, 1).unwrap();
+    let (a, b) = (plain.predict(&programs), with_prior.predict(&programs));
+    for ((x, y), t) in a.iter().zip(&b).zip(&programs) {
+        let p = prior_score(t, FEATURES);
+        assert!(p.is_finite() && p != 0.0, "a real program has an estimate");
+        assert!((y - (x + p)).abs() < 1e-4, "{y} != {x} + {p}");
+    }
+    // Tokens of another width carry no prior.
+    assert_eq!(prior_score(&[0.0; 8], 4), 0.0);
+    let dir = std::env::temp_dir().join(format!("tessel-prior-{}", std::process::id()));
+    with_prior.save(&dir.join("m")).unwrap();
+    let mut loaded = Model::load(&dir.join("m")).unwrap();
+    assert!(loaded.config().prior);
+    assert_eq!(loaded.predict(&programs), b);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use serde::Serialize;
-use tessel_model::train::{gbt_rank, rank, ridge_rank};
+use tessel_model::train::{gbt_rank, rank, ridge_rank, roofline_rank};
 use tessel_model::{Dataset, Loss, Metrics, Model, Ranked, TrainOptions, metrics, train};
 
 use crate::data::{Encoding, load_encoded, network_tasks};
@@ -85,6 +85,8 @@ pub struct Scores {
     pub ridge: Metrics,
     /// Gradient-boosted trees on the same features, fitted the same way.
     pub gbt: Metrics,
+    /// The analytic roofline estimate, fitted on nothing.
+    pub roofline: Metrics,
     /// A random ranking.
     pub random: Metrics,
 }
@@ -195,6 +197,7 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
     let ridge = ridge_rank(&train_set, &test_set);
     progress.note("fitting gradient-boosted trees");
     let gbt = gbt_rank(&train_set, &test_set, o.seed);
+    let roofline = roofline_rank(&test_set);
     let (prim_ranked, ablation_best_epoch) = match ablation {
         Some(((mut m, best), prim)) => (Some(rank(&mut m, &prim.subset(&test_ids))), Some(best)),
         None => (None, None),
@@ -232,6 +235,7 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
                 primitives: prim_ranked.as_ref().map(|p| metrics::evaluate(&pick(p))),
                 ridge: metrics::evaluate(&pick(&ridge)),
                 gbt: metrics::evaluate(&pick(&gbt)),
+                roofline: metrics::evaluate(&pick(&roofline)),
                 random: metrics::random_baseline(&model_r, 20, o.seed),
             },
         });
@@ -243,6 +247,7 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
             .map(|_| mean(networks.iter().filter_map(|n| n.scores.primitives))),
         ridge: mean(networks.iter().map(|n| n.scores.ridge)),
         gbt: mean(networks.iter().map(|n| n.scores.gbt)),
+        roofline: mean(networks.iter().map(|n| n.scores.roofline)),
         random: mean(networks.iter().map(|n| n.scores.random)),
     };
     Ok(HeldOutReport {

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use tessel_features::WIDTH;
 use tessel_model::train::{
-    Comparison, Trainable, compare, gbt_rank, rank, ridge_rank, split_tasks, transfer_options,
+    Comparison, Trainable, compare, gbt_rank, rank, ridge_rank, roofline_rank, split_tasks,
+    transfer_options,
 };
 use tessel_model::{
     Dataset, Loss, Metrics, Model, ModelConfig, Ranked, Sample, TrainOptions, TrainReport, metrics,
@@ -68,6 +69,9 @@ pub struct Architecture {
     /// Attention layers.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 2))]
     pub layers: usize,
+    /// Start from the analytic roofline estimate: the network learns the correction to it.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub prior: bool,
 }
 
 impl Default for Architecture {
@@ -76,6 +80,7 @@ impl Default for Architecture {
             d_model: 48,
             heads: 3,
             layers: 2,
+            prior: false,
         }
     }
 }
@@ -88,6 +93,7 @@ impl Architecture {
         config.heads = self.heads;
         config.layers = self.layers;
         config.d_ff = 2 * self.d_model;
+        config.prior = self.prior;
         config
     }
 }
@@ -518,6 +524,8 @@ pub struct EvalReport {
     pub ridge: Metrics,
     /// Gradient-boosted trees on the same features, fitted the same way.
     pub gbt: Metrics,
+    /// The analytic roofline estimate (fitted on nothing).
+    pub roofline: Metrics,
     /// A random ranking.
     pub random: Metrics,
     /// Where the plots went, and why there is no PNG where there is none.
@@ -585,6 +593,7 @@ pub fn eval(o: &EvalOptions, progress: &mut dyn Progress) -> Result<EvalReport> 
         kendall_tau: model_metrics.kendall_tau,
         ridge: metrics::evaluate(&ridge_ranked),
         gbt: metrics::evaluate(&gbt_ranked),
+        roofline: metrics::evaluate(&roofline_rank(&data)),
         random: metrics::random_baseline(&ranked, 20, o.seed),
         plots,
     })

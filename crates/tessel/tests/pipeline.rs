@@ -84,10 +84,12 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
     let pretrain = PretrainOptions {
         epochs: 2,
         val_fraction: 0.5,
+        // The roofline prior on: trained, saved and loaded with it.
         architecture: Architecture {
             d_model: 16,
             heads: 2,
             layers: 1,
+            prior: true,
         },
         ..PretrainOptions::new(vec![all.clone()], dir.join("m/model"))
     };
@@ -99,6 +101,11 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
     assert!(trained.validation.is_some() && trained.validation_tasks == 1);
     assert!(notes.0.iter().any(|n| n.starts_with("epoch")), "{notes:?}");
     assert!(trained.saved.0.exists() && trained.saved.1.exists());
+    let saved = tessel::model::Model::load(&trained.saved.0).unwrap();
+    assert!(
+        saved.config().prior,
+        "the prior flag is saved with the model"
+    );
 
     let eval = tessel::eval(
         &EvalOptions {
@@ -415,6 +422,7 @@ fn held_out_networks_are_never_trained_on_and_are_scored_per_network() {
             d_model: 16,
             heads: 2,
             layers: 1,
+            prior: false,
         },
         ..HeldOutOptions::new(data.clone())
     };

@@ -31,6 +31,10 @@ pub use prepack::{Prepacked, generate_prepacked};
 
 use instr::*;
 
+/// A vectorized loop whose accesses stride this many elements or more is not forced to SIMD
+/// (each lane would be a gather from its own cache line).
+const GATHER_STRIDE: u64 = 16;
+
 /// The shared C prelude: types, conversions, the AMX tile configuration and the scalar
 /// emulation of the intrinsics (under `TESSEL_EMULATE`).
 pub const PRELUDE: &str = include_str!("../prelude.h");
@@ -654,7 +658,17 @@ impl<'p> Gen<'p> {
                 l.body
                     .walk(&mut |s| has_call |= matches!(s, Stmt::Tensorized(_)));
                 if !has_call {
-                    self.line("#pragma omp simd");
+                    match self.widest_stride(l) {
+                        Some(stride) if stride.unsigned_abs() >= GATHER_STRIDE => {
+                            // Every lane would load its own cache line, and gcc 12's emulated
+                            // gathers at power-of-two strides of 1024 elements or more take
+                            // minutes to compile: leave the loop to the cost model.
+                            self.line(&format!(
+                                "/* not forced to SIMD: an access strides {stride} elements */"
+                            ));
+                        }
+                        _ => self.line("#pragma omp simd"),
+                    }
                 }
             }
             LoopKind::Unrolled => self.line(&format!("#pragma GCC unroll {}", l.extent.min(64))),
@@ -667,6 +681,48 @@ impl<'p> Gen<'p> {
         self.depth -= 1;
         self.line("}");
         Ok(())
+    }
+
+    /// The largest (in magnitude) linearised stride of any buffer access in `l`'s body when
+    /// `l`'s variable grows by one (`None`: no access moves with it).
+    fn widest_stride(&self, l: &For) -> Option<i64> {
+        let nvars = self.p.vars.len();
+        let mut widest: Option<i64> = None;
+        let mut see = |r: &BufferRef| {
+            let shape = &self.p.buffers[r.buffer].shape;
+            let mut at = vec![0i64; nvars];
+            let base: Vec<i64> = r.index.iter().map(|e| e.eval(&at)).collect();
+            if let Some(v) = at.get_mut(l.var) {
+                *v = 1;
+            }
+            let mut stride = 0i64;
+            let mut row = 1i64;
+            for d in (0..r.index.len()).rev() {
+                stride =
+                    stride.saturating_add((r.index[d].eval(&at) - base[d]).saturating_mul(row));
+                row = row.saturating_mul(shape.get(d).copied().unwrap_or(1) as i64);
+            }
+            if stride != 0 && widest.is_none_or(|w| stride.unsigned_abs() > w.unsigned_abs()) {
+                widest = Some(stride);
+            }
+        };
+        l.body.walk(&mut |s| match s {
+            Stmt::Copy { dst, src, .. } => {
+                see(dst);
+                see(src);
+            }
+            Stmt::Update { acc, operands, .. } => {
+                see(acc);
+                operands.iter().for_each(&mut see);
+            }
+            Stmt::Store { dst, acc, .. } => {
+                see(dst);
+                see(acc);
+            }
+            Stmt::Fill { dst, .. } => see(dst),
+            _ => {}
+        });
+        widest
     }
 
     /// The outermost parallel loop: one OpenMP region; directly nested parallel loops collapse
