@@ -41,4 +41,4 @@ pub use compile::{Compiler, Library, Mode};
 pub use error::{CodegenError, CompileError, CpuError, WorkerError};
 pub use fingerprint::fingerprint;
 pub use measurer::{CpuMeasurer, CpuOptions, KernelJob};
-pub use worker::{Reference, TimingOptions, WorkerCommand};
+pub use worker::{Phase, Reference, TimingOptions, WorkerCommand};

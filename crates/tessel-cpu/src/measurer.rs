@@ -14,7 +14,10 @@ use crate::codegen::{Kernel, generate, module_source};
 use crate::compile::{Compiler, Library, Mode, content_key};
 use crate::error::{CompileError, CpuError};
 use crate::fingerprint::fingerprint;
-use crate::worker::{Job, Reference, Reply, TimingOptions, Worker, WorkerCommand, tolerance};
+use crate::worker::{
+    Job, Phase, Reference, Reply, TimingOptions, Worker, WorkerCommand, tolerance,
+};
+use tessel_measure::worker::WorkerError;
 
 /// How the CPU measurer runs candidates.
 #[derive(Clone, Debug)]
@@ -56,6 +59,14 @@ pub struct KernelJob {
     /// The candidate's budget for its checked run ([`Candidate::budget_s`]).
     pub budget_s: Option<f64>,
 }
+
+/// A checked run still going after this many budgets is stopped and recorded as censored
+/// (a lower bound on its time, never checked): a schedule 20x slower than the task's best
+/// (budgets are 5x the best) tells the data all it can.
+const CHECK_DEADLINE_BUDGETS: f64 = 4.0;
+/// ... but never before this: restarting the worker and preparing again costs more than a
+/// short run.
+const CHECK_DEADLINE_FLOOR_S: f64 = 0.5;
 
 /// How long one kernel compiled on its own (after its batch failed to build) may take.
 const KERNEL_COMPILE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -362,40 +373,90 @@ impl CpuMeasurer {
         reference: Reference,
         compile_s: f64,
     ) -> MeasureResult {
-        let request = Job {
+        let request = |phase: Phase| Job {
             library: lib.path.clone(),
             symbol: job.kernel.name.clone(),
             op: job.op.clone(),
-            reference,
+            reference: reference.clone(),
             seed: self.opts.seed,
             tolerance: tolerance(&job.op),
             timing: TimingOptions {
                 budget_s: job.budget_s,
                 ..self.opts.timing
             },
+            phase,
         };
-        match self.worker.call(&request, self.opts.timeout) {
+        let measurement = |samples: &[f64], max_error: f64, cut_short: bool, medians: &[f64]| {
+            let timing = Timing::from_samples(samples).ok_or_else(|| {
+                MeasureError::new(MeasureErrorKind::Runtime, "the worker returned no timings")
+            })?;
+            Ok(Measurement {
+                timing,
+                compile_time_s: compile_s,
+                max_error,
+                emulated: job.mode == Mode::Emulated,
+                gflops: job.op.flops() as f64 / timing.median_s / 1e9,
+                cut_short,
+                censored: false,
+                allocation_spread: spread_of(medians),
+            })
+        };
+        let deadline = job.budget_s.map(|b| {
+            Duration::from_secs_f64((b * CHECK_DEADLINE_BUDGETS).max(CHECK_DEADLINE_FLOOR_S))
+        });
+        let Some(deadline) = deadline.filter(|d| *d < self.opts.timeout) else {
+            // No budget, or one so long that the worker's own timeout comes first: one call.
+            return match self.worker.call(&request(Phase::All), self.opts.timeout) {
+                Ok(Reply::Ok {
+                    samples,
+                    max_error,
+                    cut_short,
+                    allocation_medians,
+                }) => measurement(&samples, max_error, cut_short, &allocation_medians),
+                Ok(Reply::Err { kind, message }) => Err(MeasureError::new(kind, message)),
+                Err(e) => Err(e.to_measure_error(&job.kernel.name)),
+            };
+        };
+        // Inputs and reference first, however long they take; then the checked run under its
+        // deadline; then, unless it was cut short, the timed runs.
+        let fail = |e: WorkerError| e.to_measure_error(&job.kernel.name);
+        match self
+            .worker
+            .call(&request(Phase::Prepare), self.opts.timeout)
+        {
+            Ok(Reply::Ok { .. }) => {}
+            Ok(Reply::Err { kind, message }) => return Err(MeasureError::new(kind, message)),
+            Err(e) => return Err(fail(e)),
+        }
+        let max_error = match self.worker.call(&request(Phase::Check), deadline) {
             Ok(Reply::Ok {
                 samples,
                 max_error,
                 cut_short,
-                allocation_medians,
+                ..
             }) => {
-                let timing = Timing::from_samples(&samples).ok_or_else(|| {
-                    MeasureError::new(MeasureErrorKind::Runtime, "the worker returned no timings")
-                })?;
-                Ok(Measurement {
-                    timing,
-                    compile_time_s: compile_s,
-                    max_error,
-                    emulated: job.mode == Mode::Emulated,
-                    gflops: job.op.flops() as f64 / timing.median_s / 1e9,
-                    cut_short,
-                    allocation_spread: spread_of(&allocation_medians),
-                })
+                if cut_short {
+                    return measurement(&samples, max_error, true, &[]);
+                }
+                max_error
             }
+            Ok(Reply::Err { kind, message }) => return Err(MeasureError::new(kind, message)),
+            Err(WorkerError::Timeout { seconds }) => {
+                // Stopped past the deadline (the worker was killed): a lower bound, unchecked.
+                let mut m = measurement(&[seconds], 0.0, true, &[])?;
+                m.censored = true;
+                return Ok(m);
+            }
+            Err(e) => return Err(fail(e)),
+        };
+        match self.worker.call(&request(Phase::Time), self.opts.timeout) {
+            Ok(Reply::Ok {
+                samples,
+                allocation_medians,
+                ..
+            }) => measurement(&samples, max_error, false, &allocation_medians),
             Ok(Reply::Err { kind, message }) => Err(MeasureError::new(kind, message)),
-            Err(e) => Err(e.to_measure_error(&job.kernel.name)),
+            Err(e) => Err(fail(e)),
         }
     }
 }

@@ -42,6 +42,33 @@ pub struct Job {
     /// Largest relative error accepted (0 for integer outputs).
     pub tolerance: f64,
     pub timing: TimingOptions,
+    /// Which part of the measurement to do (all of it unless the parent splits it, to give
+    /// the checked run a deadline of its own).
+    #[serde(default, skip_serializing_if = "Phase::is_all")]
+    pub phase: Phase,
+}
+
+/// A part of a measurement. A parent that wants to stop a kernel far past its budget sends
+/// `Prepare` (inputs and the reference, however long they take), then `Check` under a short
+/// deadline, then `Time`; one worker keeps what each phase made for the next.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Prepare, check, then time (or stop after the check past the budget).
+    #[default]
+    All,
+    /// Load the library and make the inputs and the reference; replies with no samples.
+    Prepare,
+    /// The checked run alone: replies with its time, `cut_short` when past the budget.
+    Check,
+    /// The timed runs alone, of a kernel this worker has checked.
+    Time,
+}
+
+impl Phase {
+    fn is_all(&self) -> bool {
+        *self == Phase::All
+    }
 }
 
 type KernelFn = unsafe extern "C" fn(*const *mut c_void);
@@ -127,6 +154,17 @@ impl State {
             self.prepared.insert(key.clone(), p);
         }
         let p = self.prepared.get_mut(&key).expect("inserted above");
+        if job.phase == Phase::Prepare {
+            return Reply::Ok {
+                samples: Vec::new(),
+                max_error: 0.0,
+                cut_short: false,
+                allocation_medians: Vec::new(),
+            };
+        }
+        if job.phase == Phase::Time {
+            return time(kernel, p, job, 0.0);
+        }
         let (got, checked_s) = call_once_timed(kernel, &mut p.inputs, &job.op);
         let mut max_error = 0.0;
         if let Some(want) = &p.reference {
@@ -145,65 +183,72 @@ impl State {
             }
         }
         // Far slower than the caller's budget: that one checked run is the measurement.
-        if job.timing.budget_s.is_some_and(|b| checked_s > b) {
+        let over = job.timing.budget_s.is_some_and(|b| checked_s > b);
+        if over || job.phase == Phase::Check {
             return Reply::Ok {
                 samples: vec![checked_s],
                 max_error,
-                cut_short: true,
+                cut_short: over,
                 allocation_medians: Vec::new(),
             };
         }
-        let out = &job.op.output.tensor;
-        let allocations = job.timing.allocations.max(1);
-        let mut samples = Vec::new();
-        let mut medians = Vec::new();
-        for a in 0..allocations {
-            // The first allocation is the checked one; each later one copies the inputs to
-            // fresh memory, so the kernel meets other addresses and other physical pages.
-            let mut fresh: Vec<AlignedBuf> = if a == 0 {
-                Vec::new()
-            } else {
-                p.inputs
-                    .iter()
-                    .map(|b| {
-                        let mut c = AlignedBuf::zeroed(b.as_slice().len());
-                        c.as_mut_slice().copy_from_slice(b.as_slice());
-                        c
-                    })
-                    .collect()
-            };
-            let inputs = if a == 0 { &mut p.inputs } else { &mut fresh };
-            let mut output = AlignedBuf::zeroed(out.bytes() as usize);
-            let args = arg_pointers(inputs, &mut output);
-            let run = || {
-                // SAFETY: the arguments match the kernel's operator, as checked by the run above.
-                unsafe { kernel(args.as_ptr()) }
-            };
-            for _ in 0..job.timing.warmup {
-                run();
-            }
-            let mut these = Vec::new();
-            let start = Instant::now();
-            loop {
-                let t = Instant::now();
-                run();
-                these.push(t.elapsed().as_secs_f64());
-                let n = these.len() as u32;
-                if job.timing.done(n, start.elapsed().as_secs_f64()) {
-                    break;
-                }
-            }
-            let mut sorted = these.clone();
-            sorted.sort_by(f64::total_cmp);
-            medians.push(sorted[sorted.len() / 2]);
-            samples.extend(these);
+        time(kernel, p, job, max_error)
+    }
+}
+
+/// The timed runs of a checked kernel: warm-up, then runs until the timing options are met, on
+/// each allocation of the buffers.
+fn time(kernel: KernelFn, p: &mut Prepared, job: &Job, max_error: f64) -> Reply {
+    let out = &job.op.output.tensor;
+    let allocations = job.timing.allocations.max(1);
+    let mut samples = Vec::new();
+    let mut medians = Vec::new();
+    for a in 0..allocations {
+        // The first allocation is the checked one; each later one copies the inputs to
+        // fresh memory, so the kernel meets other addresses and other physical pages.
+        let mut fresh: Vec<AlignedBuf> = if a == 0 {
+            Vec::new()
+        } else {
+            p.inputs
+                .iter()
+                .map(|b| {
+                    let mut c = AlignedBuf::zeroed(b.as_slice().len());
+                    c.as_mut_slice().copy_from_slice(b.as_slice());
+                    c
+                })
+                .collect()
+        };
+        let inputs = if a == 0 { &mut p.inputs } else { &mut fresh };
+        let mut output = AlignedBuf::zeroed(out.bytes() as usize);
+        let args = arg_pointers(inputs, &mut output);
+        let run = || {
+            // SAFETY: the arguments match the kernel's operator, as checked by the run above.
+            unsafe { kernel(args.as_ptr()) }
+        };
+        for _ in 0..job.timing.warmup {
+            run();
         }
-        Reply::Ok {
-            samples,
-            max_error,
-            cut_short: false,
-            allocation_medians: if allocations > 1 { medians } else { Vec::new() },
+        let mut these = Vec::new();
+        let start = Instant::now();
+        loop {
+            let t = Instant::now();
+            run();
+            these.push(t.elapsed().as_secs_f64());
+            let n = these.len() as u32;
+            if job.timing.done(n, start.elapsed().as_secs_f64()) {
+                break;
+            }
         }
+        let mut sorted = these.clone();
+        sorted.sort_by(f64::total_cmp);
+        medians.push(sorted[sorted.len() / 2]);
+        samples.extend(these);
+    }
+    Reply::Ok {
+        samples,
+        max_error,
+        cut_short: false,
+        allocation_medians: if allocations > 1 { medians } else { Vec::new() },
     }
 }
 

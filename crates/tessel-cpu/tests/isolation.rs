@@ -176,6 +176,73 @@ fn a_checked_run_over_its_budget_is_the_whole_measurement() {
 }
 
 #[test]
+fn a_checked_run_far_past_its_budget_is_stopped_and_recorded_as_censored() {
+    let w: tessel_ir::Workload = "gemm:m=64,n=64,k=64,dtype=f32".parse().unwrap();
+    let op = w.to_op();
+    let mut m = common::measurer_with(tessel_cpu::CpuOptions {
+        timing: tessel_cpu::TimingOptions {
+            warmup: 1,
+            min_runs: 5,
+            max_runs: 1000,
+            min_time_s: 0.010,
+            budget_s: None,
+            allocations: 1,
+        },
+        timeout: Duration::from_secs(60),
+        ..Default::default()
+    });
+    let good = m
+        .prepare(
+            &Candidate::new(op.clone(), tessel_ir::Trace::new()),
+            "plain",
+        )
+        .unwrap();
+    let job = |kernel: Kernel, budget_s: f64| {
+        Ok(KernelJob {
+            op: op.clone(),
+            kernel,
+            mode: Mode::Native,
+            budget_s: Some(budget_s),
+        })
+    };
+    // Sleeps 30 s: far past 4 budgets of 1 ms (and past the half-second floor), far short of
+    // the worker's own timeout of 60 s.
+    let slow = handwritten(
+        "sleeps",
+        "extern unsigned int sleep(unsigned int); sleep(30); (void)args;",
+    );
+    let start = std::time::Instant::now();
+    let r = m.measure_kernels(&[
+        job(slow, 1e-3),
+        // A second's budget: prepared, checked under a 4 s deadline, then timed in full.
+        job(good.kernel.clone(), 1.0),
+    ]);
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "not stopped early"
+    );
+    let censored = r[0].as_ref().unwrap();
+    assert!(censored.censored && censored.cut_short, "{censored:?}");
+    assert_eq!(censored.timing.runs, 1);
+    assert!(
+        (censored.timing.median_s - 0.5).abs() < 1e-9,
+        "{censored:?}"
+    );
+    let timed = r[1].as_ref().unwrap();
+    assert!(!timed.cut_short && !timed.censored, "{timed:?}");
+    assert!(timed.timing.runs >= 5, "{timed:?}");
+    assert_eq!(timed.max_error, 0.0);
+    assert_eq!(m.worker_restarts(), 1);
+    // A wrong kernel under a budget is still caught by its checked run.
+    let wrong = handwritten("nothing", "(void)args;");
+    let r = m.measure_kernels(&[job(wrong, 1.0)]);
+    assert_eq!(
+        r[0].as_ref().unwrap_err().kind,
+        MeasureErrorKind::WrongResult
+    );
+}
+
+#[test]
 fn a_prefetched_batch_compiles_in_the_background_and_measures_the_same() {
     // A private cache, so that nothing is compiled before this test compiles it.
     let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))

@@ -170,7 +170,7 @@ impl Target {
         match fp.kind.as_str() {
             "cpu" => Ok(Target::cpu(
                 &fp.model,
-                &fp.features,
+                &compiled_features(&fp.features, &fp.compiler),
                 fp.cores_used,
                 &fp.caches,
                 None,
@@ -281,9 +281,51 @@ fn parse_cc(s: &str) -> Option<(u32, u32)> {
     Some((a, b))
 }
 
+/// The CPU features the measured code could use: the host's, less what the compiler's
+/// `-march=` (recorded in the fingerprint's compiler line as `[-march=X]`) does not enable.
+/// Code built for `znver3` on an AVX-512 machine has 16 ymm registers and no AVX-512
+/// instruction, and its features must say so.
+pub fn compiled_features(host: &[String], compiler: &str) -> Vec<String> {
+    let march = compiler
+        .split("[-march=")
+        .nth(1)
+        .and_then(|rest| rest.split(']').next())
+        .unwrap_or("native");
+    // Prefixes of the flags each known AVX2-era target lacks.
+    let lacks: &[&str] = match march {
+        "haswell" | "broadwell" | "skylake" | "znver1" | "znver2" | "znver3" | "x86-64-v3" => {
+            &["avx512", "amx", "avx_vnni"]
+        }
+        "alderlake" => &["avx512", "amx"],
+        _ => &[],
+    };
+    host.iter()
+        .filter(|f| !lacks.iter().any(|p| f.starts_with(p)))
+        .cloned()
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn code_built_for_an_avx2_march_on_an_avx512_host_has_avx2_features() {
+        let zen4: Vec<String> = ["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"]
+            .map(String::from)
+            .to_vec();
+        let built = compiled_features(&zen4, "cc (Debian 12.2.0-14) 12.2.0 [-march=znver3]");
+        assert_eq!(built, vec!["avx2".to_string(), "fma".to_string()]);
+        let t = Target::cpu("t", &built, 1, &BTreeMap::new(), None);
+        assert_eq!((t.vector_register_bytes, t.vector_registers), (32, 16));
+        assert!(t.instructions.iter().all(|i| !i.starts_with("avx512")));
+        // Native builds (no march in the line) and unknown marches keep the host's flags.
+        assert_eq!(
+            compiled_features(&zen4, "cc (Debian 12.2.0-14) 12.2.0"),
+            zen4
+        );
+        assert_eq!(compiled_features(&zen4, "cc 12 [-march=znver4]"), zen4);
+    }
 
     #[test]
     fn cpu_targets_list_their_instructions_and_peaks() {

@@ -488,6 +488,7 @@ impl Measurer for SimMeasurer {
                     emulated: false,
                     gflops: 2.0 * c.op.macs() as f64 / t / 1e9,
                     cut_short: false,
+                    censored: false,
                     allocation_spread: None,
                 })
             })

@@ -121,6 +121,11 @@ pub struct Measurement {
     /// run (cold caches included): enough to rank a slow schedule, not to quote it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cut_short: bool,
+    /// The checked run went on so far past the budget that it was stopped (its worker
+    /// killed): the timing is a lower bound, and the output was never checked. Implies
+    /// `cut_short`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub censored: bool,
     /// (slowest - fastest) / fastest of the per-allocation medians, when the kernel was
     /// timed on several allocations of its buffers ([`crate::worker::TimingOptions::allocations`]); the
     /// timing then pools every allocation's runs.

@@ -349,6 +349,7 @@ fn the_cost_model_scores_programs_and_learns_online() {
                 emulated: false,
                 gflops: 1.0,
                 cut_short: false,
+                censored: false,
                 allocation_spread: None,
             })
         })

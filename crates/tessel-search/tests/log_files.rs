@@ -21,6 +21,7 @@ fn record() -> TuningRecord {
         emulated: false,
         gflops: w.flops() as f64 / timing.median_s / 1e9,
         cut_short: false,
+        censored: false,
         allocation_spread: None,
     };
     TuningRecord::new(

@@ -63,6 +63,7 @@ impl Measurer for FakeMeasurer {
                     emulated: false,
                     gflops: c.op.flops() as f64 / t / 1e9,
                     cut_short: false,
+                    censored: false,
                     allocation_spread: None,
                 })
             })

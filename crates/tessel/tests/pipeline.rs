@@ -364,6 +364,7 @@ fn log_records_whose_trace_does_not_replay_are_not_trials() {
             emulated: false,
             gflops: w.flops() as f64 / 1e-6 / 1e9,
             cut_short: false,
+            censored: false,
             allocation_spread: None,
         }),
     );

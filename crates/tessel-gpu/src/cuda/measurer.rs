@@ -90,6 +90,7 @@ impl CudaMeasurer {
                     emulated: false,
                     gflops: job.op.flops() as f64 / timing.median_s / 1e9,
                     cut_short: false,
+                    censored: false,
                     allocation_spread: None,
                 })
             }
