@@ -58,6 +58,28 @@ pub fn network_filter(names: &[String]) -> Result<Option<HashSet<String>>> {
     Ok(Some(specs))
 }
 
+/// [`network_filter`] of `names`, less every task of the `except` networks (even one that a
+/// named network shares). Excluding needs names: "everything but" is not a set this knows.
+pub fn network_filter_except(
+    names: &[String],
+    except: &[String],
+) -> Result<Option<HashSet<String>>> {
+    let only = network_filter(names)?;
+    let Some(excluded) = network_filter(except)? else {
+        return Ok(only);
+    };
+    let Some(only) = only else {
+        bail!(
+            "--exclude-network needs --network: name the networks to train on, and the excluded ones' tasks are taken out of them"
+        );
+    };
+    let kept: HashSet<String> = only.difference(&excluded).cloned().collect();
+    if kept.is_empty() {
+        bail!("every task of the --network networks belongs to an excluded network");
+    }
+    Ok(Some(kept))
+}
+
 /// A network's tasks as records name them: batch 1, in every element type and quantized
 /// u8 x i8.
 pub(crate) struct NetworkTasks {
@@ -214,5 +236,35 @@ mod tests {
         let specs = network_filter(&["bert-tiny-128".into()]).unwrap().unwrap();
         assert!(specs.contains("dense:m=128,n=128,k=128,dtype=f32,epilogue=bias"));
         assert_eq!(network_tasks("bert-tiny-128").unwrap().count, 5);
+    }
+
+    #[test]
+    fn excluded_networks_take_their_shared_tasks_out_of_the_named_ones() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let r18 = network_filter(&names(&["resnet18"])).unwrap().unwrap();
+        let r50 = network_filter(&names(&["resnet50"])).unwrap().unwrap();
+        let kept = network_filter_except(&names(&["resnet18"]), &names(&["resnet50"]))
+            .unwrap()
+            .unwrap();
+        let shared = r18.intersection(&r50).count();
+        assert!(
+            shared > 0,
+            "ResNet-18 and ResNet-50 share tasks (the stem, ...)"
+        );
+        assert_eq!(kept.len(), r18.len() - shared);
+        assert!(kept.iter().all(|w| !r50.contains(w)));
+        // Nothing excluded: the named networks as they are.
+        assert_eq!(
+            network_filter_except(&names(&["resnet18"]), &[])
+                .unwrap()
+                .unwrap(),
+            r18
+        );
+        // Excluding without naming, or excluding everything named, is an error.
+        let e = network_filter_except(&[], &names(&["resnet50"])).unwrap_err();
+        assert!(e.to_string().contains("--network"), "{e}");
+        assert!(network_filter_except(&names(&["resnet50"]), &names(&["resnet50"])).is_err());
+        // Unknown names are errors either side.
+        assert!(network_filter_except(&names(&["resnet18"]), &names(&["nonet"])).is_err());
     }
 }

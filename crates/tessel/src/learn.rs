@@ -15,7 +15,7 @@ use tessel_model::{
 };
 use tessel_search::rng::Rng;
 
-use crate::data::{load, network_filter};
+use crate::data::{load, network_filter, network_filter_except};
 use crate::error::{Context, Result, bail};
 use crate::progress::Progress;
 use crate::tune::fixtures_dir;
@@ -30,6 +30,10 @@ pub struct PretrainOptions {
     /// Only the tasks of these networks, comma separated.
     #[cfg_attr(feature = "clap", arg(long = "network", value_delimiter = ','))]
     pub networks: Vec<String>,
+    /// Leave out every task of these networks, even where a `--network` shares it (to train
+    /// on everything but the held-out protocol's test networks).
+    #[cfg_attr(feature = "clap", arg(long = "exclude-network", value_delimiter = ','))]
+    pub exclude_networks: Vec<String>,
     /// Model path (writes NAME.safetensors and NAME.json).
     #[cfg_attr(feature = "clap", arg(long))]
     pub out: PathBuf,
@@ -104,6 +108,7 @@ impl PretrainOptions {
         PretrainOptions {
             data,
             networks: Vec::new(),
+            exclude_networks: Vec::new(),
             out,
             epochs: 30,
             loss: Loss::LambdaRank,
@@ -145,7 +150,8 @@ pub fn pretrain(o: &PretrainOptions, progress: &mut dyn Progress) -> Result<Pret
         );
     }
     refuse_overwrite(&o.out, o.force)?;
-    let data = load(&o.data, network_filter(&o.networks)?.as_ref(), progress)?;
+    let only = network_filter_except(&o.networks, &o.exclude_networks)?;
+    let data = load(&o.data, only.as_ref(), progress)?;
     let mut model = Model::new(o.architecture.config(WIDTH), o.seed)?;
     let opts = TrainOptions {
         loss: o.loss,

@@ -53,7 +53,7 @@ mod tune;
 mod worker;
 
 pub use bench::{BENCH_HEADER, BenchOptions, BenchReport, BenchRow, bench_cpu, bench_row_line};
-pub use data::{Encoding, load, load_encoded, network_filter, strict_read};
+pub use data::{Encoding, load, load_encoded, network_filter, network_filter_except, strict_read};
 pub use dataset::{
     CANARY_EVERY, CanaryReport, DatasetOptions, DatasetReport, dataset, merge, parse_shard,
 };
