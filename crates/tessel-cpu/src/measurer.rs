@@ -7,7 +7,7 @@ use tessel_intrin::{Catalog, HostCpu};
 use tessel_ir::{ComputeOp, Trace};
 use tessel_measure::{
     Candidate, HardwareFingerprint, MeasureError, MeasureErrorKind, MeasureResult, Measurement,
-    Measurer, Timing,
+    Measurer,
 };
 
 use crate::codegen::{Kernel, generate, module_source};
@@ -387,19 +387,14 @@ impl CpuMeasurer {
             phase,
         };
         let measurement = |samples: &[f64], max_error: f64, cut_short: bool, medians: &[f64]| {
-            let timing = Timing::from_samples(samples).ok_or_else(|| {
-                MeasureError::new(MeasureErrorKind::Runtime, "the worker returned no timings")
-            })?;
-            Ok(Measurement {
-                timing,
-                compile_time_s: compile_s,
-                max_error,
-                emulated: job.mode == Mode::Emulated,
-                gflops: job.op.flops() as f64 / timing.median_s / 1e9,
-                cut_short,
-                censored: false,
-                allocation_spread: spread_of(medians),
-            })
+            let emulated = job.mode == Mode::Emulated;
+            Measurement::from_samples(samples, job.op.flops(), compile_s, max_error, emulated).map(
+                |m| Measurement {
+                    cut_short,
+                    allocation_spread: spread_of(medians),
+                    ..m
+                },
+            )
         };
         let deadline = job.budget_s.map(|b| {
             Duration::from_secs_f64((b * CHECK_DEADLINE_BUDGETS).max(CHECK_DEADLINE_FLOOR_S))

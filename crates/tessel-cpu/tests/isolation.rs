@@ -139,12 +139,10 @@ fn instructions_this_cpu_lacks_are_skipped_with_a_reason() {
     assert!(e.message.contains("lacks"), "{e}");
 }
 
-#[test]
-fn a_checked_run_over_its_budget_is_the_whole_measurement() {
-    let w: tessel_ir::Workload = "gemm:m=64,n=64,k=64,dtype=f32".parse().unwrap();
-    let op = w.to_op();
-    // Many timed runs unless cut short: at least 5 and 10 ms of them.
-    let mut m = common::measurer_with(tessel_cpu::CpuOptions {
+/// A measurer that times many runs unless a candidate is cut short (at least 5 and 10 ms of
+/// them), with `timeout` for the worker.
+fn many_runs(timeout: Duration) -> tessel_cpu::CpuMeasurer {
+    common::measurer_with(tessel_cpu::CpuOptions {
         timing: tessel_cpu::TimingOptions {
             warmup: 1,
             min_runs: 5,
@@ -153,9 +151,16 @@ fn a_checked_run_over_its_budget_is_the_whole_measurement() {
             budget_s: None,
             allocations: 1,
         },
-        timeout: Duration::from_secs(120),
+        timeout,
         ..Default::default()
-    });
+    })
+}
+
+#[test]
+fn a_checked_run_over_its_budget_is_the_whole_measurement() {
+    let w: tessel_ir::Workload = "gemm:m=64,n=64,k=64,dtype=f32".parse().unwrap();
+    let op = w.to_op();
+    let mut m = many_runs(Duration::from_secs(120));
     let naive = || Candidate::new(op.clone(), tessel_ir::Trace::new());
     let results = m.measure(&[
         naive(),
@@ -179,18 +184,7 @@ fn a_checked_run_over_its_budget_is_the_whole_measurement() {
 fn a_checked_run_far_past_its_budget_is_stopped_and_recorded_as_censored() {
     let w: tessel_ir::Workload = "gemm:m=64,n=64,k=64,dtype=f32".parse().unwrap();
     let op = w.to_op();
-    let mut m = common::measurer_with(tessel_cpu::CpuOptions {
-        timing: tessel_cpu::TimingOptions {
-            warmup: 1,
-            min_runs: 5,
-            max_runs: 1000,
-            min_time_s: 0.010,
-            budget_s: None,
-            allocations: 1,
-        },
-        timeout: Duration::from_secs(60),
-        ..Default::default()
-    });
+    let mut m = many_runs(Duration::from_secs(60));
     let good = m
         .prepare(
             &Candidate::new(op.clone(), tessel_ir::Trace::new()),

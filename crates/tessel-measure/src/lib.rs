@@ -133,6 +133,33 @@ pub struct Measurement {
     pub allocation_spread: Option<f64>,
 }
 
+impl Measurement {
+    /// The measurement of a kernel of `flops` operations from its worker's samples (seconds
+    /// per run): median timing and GFLOP/s, nothing cut short or censored, no allocation
+    /// spread. A worker that returned no samples is a runtime error.
+    pub fn from_samples(
+        samples: &[f64],
+        flops: u64,
+        compile_time_s: f64,
+        max_error: f64,
+        emulated: bool,
+    ) -> Result<Measurement, MeasureError> {
+        let timing = Timing::from_samples(samples).ok_or_else(|| {
+            MeasureError::new(MeasureErrorKind::Runtime, "the worker returned no timings")
+        })?;
+        Ok(Measurement {
+            timing,
+            compile_time_s,
+            max_error,
+            emulated,
+            gflops: flops as f64 / timing.median_s / 1e9,
+            cut_short: false,
+            censored: false,
+            allocation_spread: None,
+        })
+    }
+}
+
 /// What kind of failure a candidate met.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -79,21 +79,7 @@ impl CudaMeasurer {
         match answer {
             GpuAnswer::Measured(WorkerReply::Ok {
                 samples, max_error, ..
-            }) => {
-                let timing = Timing::from_samples(&samples).ok_or_else(|| {
-                    MeasureError::new(MeasureErrorKind::Runtime, "the worker returned no timings")
-                })?;
-                Ok(Measurement {
-                    timing,
-                    compile_time_s: compile_s,
-                    max_error,
-                    emulated: false,
-                    gflops: job.op.flops() as f64 / timing.median_s / 1e9,
-                    cut_short: false,
-                    censored: false,
-                    allocation_spread: None,
-                })
-            }
+            }) => Measurement::from_samples(&samples, job.op.flops(), compile_s, max_error, false),
             GpuAnswer::Measured(WorkerReply::Err { kind, mut message }) => {
                 if message.contains("UNSUPPORTED_PTX_VERSION") {
                     message += &format!(

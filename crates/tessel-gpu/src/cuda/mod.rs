@@ -28,7 +28,7 @@ use tessel_measure::check::{max_relative_error, relative_error, tolerance, unrav
 use tessel_measure::worker::{TimingOptions, Worker, WorkerCommand, WorkerReply};
 use tessel_measure::{
     Candidate, HardwareFingerprint, MeasureError, MeasureErrorKind, MeasureResult, Measurement,
-    Measurer, Timing,
+    Measurer,
 };
 
 use crate::codegen::{generate, param_operands};
