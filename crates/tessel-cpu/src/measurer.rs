@@ -396,8 +396,10 @@ impl CpuMeasurer {
                 },
             )
         };
-        let deadline = job.budget_s.map(|b| {
-            Duration::from_secs_f64((b * CHECK_DEADLINE_BUDGETS).max(CHECK_DEADLINE_FLOOR_S))
+        // A budget that makes no duration (NaN, negative, past u64 seconds) sets no deadline.
+        let deadline = job.budget_s.and_then(|b| {
+            Duration::try_from_secs_f64((b * CHECK_DEADLINE_BUDGETS).max(CHECK_DEADLINE_FLOOR_S))
+                .ok()
         });
         let Some(deadline) = deadline.filter(|d| *d < self.opts.timeout) else {
             // No budget, or one so long that the worker's own timeout comes first: one call.

@@ -227,6 +227,11 @@ fn a_checked_run_far_past_its_budget_is_stopped_and_recorded_as_censored() {
     assert!(timed.timing.runs >= 5, "{timed:?}");
     assert_eq!(timed.max_error, 0.0);
     assert_eq!(m.worker_restarts(), 1);
+    // Budgets no duration can hold set no deadline (KernelJob is built by hand here; a
+    // Candidate's budget is checked already).
+    for odd in [f64::NAN, -1.0, 1e300] {
+        assert!(m.measure_kernels(&[job(good.kernel.clone(), odd)])[0].is_ok());
+    }
     // A wrong kernel under a budget is still caught by its checked run.
     let wrong = handwritten("nothing", "(void)args;");
     let r = m.measure_kernels(&[job(wrong, 1.0)]);
