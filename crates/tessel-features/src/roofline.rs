@@ -2,8 +2,8 @@
 //! over the compute statements and the traffic at each memory level, with the instruction's
 //! latency bound when too few independent accumulators stay in registers.
 //!
-//! It is the model's prior (its score starts from it and learns the correction) and a ranker of
-//! its own in every comparison. It reads only the tokens, so it applies to any stored record.
+//! It is a ranker of its own in every comparison and the model's optional prior (with
+//! `ModelConfig::prior` the model's score starts from it and learns the correction). It reads only the tokens, so it applies to any stored record.
 //! Magnitude columns are `log2(1 + x)` and loop products `log2`; this module undoes both.
 
 use crate::schema::{Col, WIDTH};
@@ -46,7 +46,8 @@ pub struct Breakdown {
     pub l2: f64,
     /// Traffic into and out of L1.
     pub l1: f64,
-    /// Packing, caching and store statements.
+    /// Work that does not overlap the compute: packing, caching and store statements, operands
+    /// staged call by call, and compiled loops' element-wise gathers.
     pub copies: f64,
 }
 
@@ -204,6 +205,23 @@ mod tests {
             None,
         );
         estimate_seconds(&extract(&program, &target).unwrap().tokens)
+    }
+
+    proptest::proptest! {
+        /// Any tokens at all (stored records can be corrupt): an estimate, never a panic, and
+        /// never negative.
+        #[test]
+        fn arbitrary_tokens_never_panic(
+            tokens in proptest::collection::vec(proptest::num::f32::ANY, 0..4 * WIDTH),
+            hardware_row in 0usize..4,
+        ) {
+            let mut tokens = tokens;
+            if let Some(t) = tokens.get_mut(hardware_row * WIDTH + Col::KindHardware as usize) {
+                *t = 1.0;
+            }
+            let s = estimate_seconds(&tokens);
+            proptest::prop_assert!(s.is_nan() || s >= 0.0, "{}", s);
+        }
     }
 
     #[test]
