@@ -284,34 +284,37 @@ pub fn held_out(r: &tessel::HeldOutReport) {
         r.test_records,
         r.test_tasks
     );
-    println!(
-        "{:<16} {:>5}  {:>17} {:>17} {:>17} {:>17} {:>17} {:>17}",
-        "network", "tasks", "model", "primitives", "ridge", "trees", "roofline", "random"
-    );
-    println!(
-        "{:<16} {:>5}  {:>17} {:>17} {:>17} {:>17} {:>17} {:>17}",
-        "",
-        "",
-        "top1 top5 pair",
-        "top1 top5 pair",
-        "top1 top5 pair",
-        "top1 top5 pair",
-        "top1 top5 pair",
-        "top1 top5 pair"
-    );
+    // One line: the network, its tasks, then a 17-wide cell per ranker.
+    let line = |network: &str, tasks: &str, cells: &[String]| {
+        let cells: Vec<String> = cells.iter().map(|c| format!("{c:>17}")).collect();
+        println!("{network:<16} {tasks:>5}  {}", cells.join(" "));
+    };
+    let rankers = [
+        "model",
+        "primitives",
+        "ridge",
+        "trees",
+        "roofline",
+        "random",
+    ];
+    line("network", "tasks", &rankers.map(String::from));
+    line("", "", &rankers.map(|_| "top1 top5 pair".to_string()));
     let cell = |m: Option<&tessel::model::Metrics>| match m {
         Some(m) => format!("{:.2} {:.2} {:.2}", m.top1, m.top5, m.pairwise_accuracy),
         None => "-".to_string(),
     };
     let row = |name: &str, tasks: String, s: &tessel::Scores| {
-        println!(
-            "{name:<16} {tasks:>5}  {:>17} {:>17} {:>17} {:>17} {:>17} {:>17}",
-            cell(Some(&s.model)),
-            cell(s.primitives.as_ref()),
-            cell(Some(&s.ridge)),
-            cell(Some(&s.gbt)),
-            cell(Some(&s.roofline)),
-            cell(Some(&s.random)),
+        line(
+            name,
+            &tasks,
+            &[
+                cell(Some(&s.model)),
+                cell(s.primitives.as_ref()),
+                cell(Some(&s.ridge)),
+                cell(Some(&s.gbt)),
+                cell(Some(&s.roofline)),
+                cell(Some(&s.random)),
+            ],
         )
     };
     for n in &r.networks {

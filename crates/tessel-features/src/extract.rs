@@ -9,6 +9,7 @@
 use tessel_intrin::{Intrinsic, LayoutReq, Storage};
 use tessel_ir::{
     BufferRef, BufferRole, Expr, GpuAxis, Guard, LoopKind, Program, Stmt, TensorizedCall,
+    linear_stride,
 };
 
 use crate::schema::{Col, WIDTH, lg};
@@ -391,20 +392,6 @@ fn ranges(index: &[Expr], shape: &[u64], extent: &[u64], out: &mut Vec<f64>) {
         let hi = hi.min(n as i64 - 1);
         out.push(if hi < lo { 1.0 } else { (hi - lo + 1) as f64 });
     }
-}
-
-/// How far the linearised (row-major) address moves when `var` grows by one.
-fn linear_stride(index: &[Expr], shape: &[u64], var: usize, nvars: usize) -> i64 {
-    let mut vals = vec![0i64; nvars];
-    let base: Vec<i64> = index.iter().map(|e| e.eval(&vals)).collect();
-    vals[var] = 1;
-    let mut stride = 0i64;
-    let mut row = 1i64;
-    for d in (0..index.len()).rev() {
-        stride += (index[d].eval(&vals) - base[d]) * row;
-        row = row.saturating_mul(shape[d] as i64);
-    }
-    stride
 }
 
 /// Capacity of `level` for a statement, in bytes, or `None` where the level does not apply.

@@ -89,16 +89,23 @@ pub fn breakdown(tokens: &[f32]) -> Option<Breakdown> {
         .map(|t| unlog(col(t, Col::DataFootprint)))
         .fold(0.0, f64::max);
 
+    let statements: Vec<&[f32]> = rows
+        .iter()
+        .copied()
+        .filter(|t| col(t, Col::KindCompute) == 1.0)
+        .collect();
+    // Cores a statement runs on: its parallel loops', at most the machine's.
+    let cores_of = |t: &[f32]| iterations(col(t, Col::ComputeParallel)).min(cores);
+    let used_cores = statements.iter().map(|t| cores_of(t)).fold(1.0, f64::max);
+    let compiled_only = !statements
+        .iter()
+        .any(|t| col(t, Col::ComputeTensorized) == 1.0);
+
     let mut compute = 0.0;
     let mut copies = 0.0;
-    let used_cores = rows
-        .iter()
-        .filter(|t| col(t, Col::KindCompute) == 1.0)
-        .map(|t| iterations(col(t, Col::ComputeParallel)).min(cores))
-        .fold(1.0, f64::max);
-    for t in rows.iter().filter(|t| col(t, Col::KindCompute) == 1.0) {
+    for &t in &statements {
         let work = unlog(col(t, Col::ComputeFlops));
-        let used = iterations(col(t, Col::ComputeParallel)).min(cores);
+        let used = cores_of(t);
         if col(t, Col::ComputeCopy) == 1.0 || col(t, Col::ComputeStore) == 1.0 {
             copies += work / (COPY_BYTES_PER_CYCLE * clock * used);
             continue;
@@ -145,9 +152,6 @@ pub fn breakdown(tokens: &[f32]) -> Option<Breakdown> {
         compute += work / (2.0 * peak * efficiency * clock * used);
     }
 
-    let compiled_only = !rows
-        .iter()
-        .any(|t| col(t, Col::KindCompute) == 1.0 && col(t, Col::ComputeTensorized) == 1.0);
     let (mut memory, mut l2, mut l1) = (0.0, 0.0, 0.0);
     for t in rows.iter().filter(|t| col(t, Col::KindData) == 1.0) {
         let moved = unlog(col(t, Col::DataBytesIn)) + unlog(col(t, Col::DataBytesOut));

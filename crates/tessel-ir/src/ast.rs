@@ -211,6 +211,25 @@ pub struct BufferRef {
     pub index: Vec<Expr>,
 }
 
+/// How far the row-major linearised address of `index` (into a buffer of `shape`) moves when
+/// loop variable `var` (of `nvars`) grows by one. Saturates instead of overflowing; a `var`
+/// outside the variables, or an index deeper than the shape, moves nothing there.
+pub fn linear_stride(index: &[Expr], shape: &[u64], var: usize, nvars: usize) -> i64 {
+    let mut at = vec![0i64; nvars];
+    let base: Vec<i64> = index.iter().map(|e| e.eval(&at)).collect();
+    if let Some(v) = at.get_mut(var) {
+        *v = 1;
+    }
+    let mut stride = 0i64;
+    let mut row = 1i64;
+    for d in (0..index.len()).rev() {
+        let moved = index[d].eval(&at).saturating_sub(base[d]);
+        stride = stride.saturating_add(moved.saturating_mul(row));
+        row = row.saturating_mul(shape.get(d).copied().unwrap_or(1) as i64);
+    }
+    stride
+}
+
 /// How a loop executes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -493,5 +512,32 @@ impl fmt::Display for Program {
         let _ = writeln!(out, "# {}", self.op);
         self.fmt_stmt(&self.body, 0, &mut out);
         f.write_str(&out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linear_strides_follow_the_row_major_layout() {
+        // W[n, k] of shape [1000, 2048]: n moves a row, k one element, m nothing.
+        let (m, n, k) = (0, 1, 2);
+        let w = [Expr::Var(n), Expr::Var(k)];
+        assert_eq!(linear_stride(&w, &[1000, 2048], n, 3), 2048);
+        assert_eq!(linear_stride(&w, &[1000, 2048], k, 3), 1);
+        assert_eq!(linear_stride(&w, &[1000, 2048], m, 3), 0);
+        // A split variable: n = 20 * n0 + n1.
+        let split = [Expr::sum(
+            Expr::Mul(Box::new(Expr::Var(0)), 20),
+            Expr::Var(1),
+        )];
+        assert_eq!(linear_stride(&split, &[1000], 0, 2), 20);
+        // Out-of-range variables and shapes shorter than the index move nothing there.
+        assert_eq!(linear_stride(&w, &[1000, 2048], 7, 3), 0);
+        assert_eq!(linear_stride(&w, &[], n, 3), 1);
+        // Strides past i64 saturate instead of overflowing.
+        let deep = [Expr::Var(0), Expr::Const(0), Expr::Const(0)];
+        assert_eq!(linear_stride(&deep, &[2, 1 << 40, 1 << 40], 0, 1), i64::MAX);
     }
 }

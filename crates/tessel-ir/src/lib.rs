@@ -40,7 +40,7 @@ mod workload;
 
 pub use ast::{
     Buffer, BufferRef, BufferRole, Expr, For, Guard, LoopKind, LoopVar, Program, Stmt,
-    TensorizedCall,
+    TensorizedCall, linear_stride,
 };
 pub use data::TensorData;
 pub use dtype::DType;

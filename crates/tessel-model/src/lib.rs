@@ -231,19 +231,20 @@ impl Normalizer {
     }
 }
 
-/// The roofline prior of one program's raw tokens: `-ln` of its estimated seconds (higher is
-/// faster, like a score), clamped to a finite range; 0 for tokens of another width or that
-/// carry no estimate.
-pub fn prior_score(tokens: &[f32], width: usize) -> f32 {
+/// The roofline's score of one program's raw tokens: `-ln` of its estimated seconds (higher
+/// is faster); `None` for tokens of another width or that carry no estimate.
+pub fn roofline_score(tokens: &[f32], width: usize) -> Option<f64> {
     if width != tessel_features::WIDTH {
-        return 0.0;
+        return None;
     }
     let seconds = tessel_features::roofline::estimate_seconds(tokens);
-    if seconds.is_finite() && seconds > 0.0 {
-        (-seconds.ln()).clamp(-50.0, 50.0) as f32
-    } else {
-        0.0
-    }
+    (seconds.is_finite() && seconds > 0.0).then(|| -seconds.ln())
+}
+
+/// The roofline prior the model adds to its score: [`roofline_score`] clamped to a finite
+/// range, 0 where there is none.
+pub fn prior_score(tokens: &[f32], width: usize) -> f32 {
+    roofline_score(tokens, width).map_or(0.0, |s| s.clamp(-50.0, 50.0) as f32)
 }
 
 /// What the JSON file beside the weights holds.

@@ -469,18 +469,10 @@ pub fn compare(model: &mut Model, train: &Dataset, test: &Dataset, seed: u64) ->
 /// Rankings of every task of `data` by the analytic roofline estimate of each program (no
 /// fitting: it reads the allocation features alone). Features of another width tie.
 pub fn roofline_rank(data: &Dataset) -> Vec<Ranked> {
-    let scores = data.samples.iter().map(|s| {
-        let seconds = if data.width == tessel_features::WIDTH {
-            tessel_features::roofline::estimate_seconds(&s.tokens)
-        } else {
-            f64::INFINITY
-        };
-        if seconds.is_finite() && seconds > 0.0 {
-            -seconds.ln()
-        } else {
-            f64::NEG_INFINITY
-        }
-    });
+    let scores = data
+        .samples
+        .iter()
+        .map(|s| crate::roofline_score(&s.tokens, data.width).unwrap_or(f64::NEG_INFINITY));
     by_task(data, scores)
 }
 

@@ -19,6 +19,7 @@ use std::fmt::Write as _;
 use tessel_intrin::{Catalog, Intrinsic, Requirement};
 use tessel_ir::{
     BufferRef, BufferRole, DType, Epilogue, Expr, For, LoopKind, Program, Stmt, TensorizedCall,
+    linear_stride,
 };
 
 use crate::error::CodegenError;
@@ -690,18 +691,7 @@ impl<'p> Gen<'p> {
         let mut widest: Option<i64> = None;
         let mut see = |r: &BufferRef| {
             let shape = &self.p.buffers[r.buffer].shape;
-            let mut at = vec![0i64; nvars];
-            let base: Vec<i64> = r.index.iter().map(|e| e.eval(&at)).collect();
-            if let Some(v) = at.get_mut(l.var) {
-                *v = 1;
-            }
-            let mut stride = 0i64;
-            let mut row = 1i64;
-            for d in (0..r.index.len()).rev() {
-                stride =
-                    stride.saturating_add((r.index[d].eval(&at) - base[d]).saturating_mul(row));
-                row = row.saturating_mul(shape.get(d).copied().unwrap_or(1) as i64);
-            }
+            let stride = linear_stride(&r.index, shape, l.var, nvars);
             if stride != 0 && widest.is_none_or(|w| stride.unsigned_abs() > w.unsigned_abs()) {
                 widest = Some(stride);
             }
