@@ -33,6 +33,7 @@ mod fingerprint;
 mod measurer;
 pub mod peak;
 pub mod reference;
+mod reference_cache;
 pub mod worker;
 
 pub use buffers::{AlignedBuf, decode, encode};

@@ -385,6 +385,7 @@ impl CpuMeasurer {
                 ..self.opts.timing
             },
             phase,
+            reference_cache: Some(self.compiler.cache_dir().join("references")),
         };
         let measurement = |samples: &[f64], max_error: f64, cut_short: bool, medians: &[f64]| {
             let emulated = job.mode == Mode::Emulated;

@@ -17,6 +17,7 @@ use tessel_measure::check::{max_relative_error, unravel};
 pub use tessel_measure::worker::{TimingOptions, Worker, WorkerCommand, WorkerReply as Reply};
 
 use crate::buffers::{AlignedBuf, decode, encode};
+use crate::reference_cache;
 
 /// Where the expected output comes from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -46,6 +47,11 @@ pub struct Job {
     /// the checked run a deadline of its own).
     #[serde(default, skip_serializing_if = "Phase::is_all")]
     pub phase: Phase,
+    /// A directory where slow compiled references are kept between worker processes: a
+    /// worker killed past a deadline would otherwise compute a large reference again (a naive
+    /// 46 GFLOP GEMM takes ~18 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_cache: Option<PathBuf>,
 }
 
 /// A part of a measurement. A parent that wants to stop a kernel far past its budget sends
@@ -148,7 +154,26 @@ impl State {
                         Ok(f) => f,
                         Err(e) => return Reply::runtime(e),
                     };
-                    Some(call_once(f, &mut p.inputs, &job.op))
+                    let cached = job
+                        .reference_cache
+                        .as_deref()
+                        .map(|dir| reference_cache::path(dir, &job.op, s, &p.inputs));
+                    match cached
+                        .as_deref()
+                        .and_then(|c| reference_cache::load(c, &job.op))
+                    {
+                        Some(r) => Some(r),
+                        None => {
+                            let (r, seconds) = call_once_timed(f, &mut p.inputs, &job.op);
+                            if let Some(c) =
+                                cached.filter(|_| seconds >= reference_cache::MIN_SECONDS)
+                            {
+                                // Best effort: a reference that cannot be kept is computed again.
+                                let _ = reference_cache::store(&c, &r);
+                            }
+                            Some(r)
+                        }
+                    }
                 }
             };
             self.prepared.insert(key.clone(), p);
@@ -262,12 +287,7 @@ fn arg_pointers(inputs: &mut [AlignedBuf], output: &mut AlignedBuf) -> Vec<*mut 
 }
 
 /// Runs `f` once on a fresh output filled with 0xff bytes (NaN for floats), so that elements
-/// the kernel never writes show up as wrong.
-fn call_once(f: KernelFn, inputs: &mut [AlignedBuf], op: &ComputeOp) -> TensorData {
-    call_once_timed(f, inputs, op).0
-}
-
-/// [`call_once`], and the seconds the kernel call took.
+/// the kernel never writes show up as wrong; returns the output and the seconds the call took.
 fn call_once_timed(f: KernelFn, inputs: &mut [AlignedBuf], op: &ComputeOp) -> (TensorData, f64) {
     let out = &op.output.tensor;
     let mut output = AlignedBuf::zeroed(out.bytes() as usize);

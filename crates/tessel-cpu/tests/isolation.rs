@@ -331,3 +331,61 @@ fn timing_on_fresh_allocations_reports_their_spread() {
         "{three:?}"
     );
 }
+
+#[test]
+fn a_slow_reference_is_kept_on_disk_for_the_next_worker() {
+    // 2 GFLOP: the naive reference takes most of a second (its sum is a chain of dependent
+    // adds), past the half second that is worth a file.
+    let w: tessel_ir::Workload = "gemm:m=512,n=512,k=4096,dtype=f32".parse().unwrap();
+    let op = w.to_op();
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("reference-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    let fresh = || {
+        tessel_cpu::CpuMeasurer::with_compiler(
+            tessel_cpu::WorkerCommand::new(env!("CARGO_BIN_EXE_tessel-cpu-worker")),
+            tessel_cpu::CpuOptions {
+                emulate: true,
+                timing: tessel_cpu::TimingOptions {
+                    warmup: 0,
+                    min_runs: 1,
+                    max_runs: 1,
+                    min_time_s: 0.0,
+                    budget_s: None,
+                    allocations: 1,
+                },
+                ..Default::default()
+            },
+            tessel_cpu::Compiler::new(cache.clone()).unwrap(),
+        )
+        .unwrap()
+    };
+    let candidate = || {
+        Candidate::new(
+            op.clone(),
+            reference_gemm(&w, "avx2.vfmadd231ps", None).unwrap(),
+        )
+    };
+    assert!(fresh().measure(&[candidate()])[0].is_ok());
+    let files: Vec<_> = std::fs::read_dir(cache.join("references"))
+        .expect("a references directory")
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+
+    // A new worker reads that file instead of computing the reference again: a file whose
+    // values are all zero (header kept) makes the same correct kernel fail its check.
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    bytes[16..].fill(0);
+    std::fs::write(&files[0], &bytes).unwrap();
+    let r = fresh().measure(&[candidate()]);
+    assert_eq!(
+        r[0].as_ref().unwrap_err().kind,
+        MeasureErrorKind::WrongResult
+    );
+    // Without it, the reference is computed (and kept) again.
+    std::fs::remove_file(&files[0]).unwrap();
+    assert!(fresh().measure(&[candidate()])[0].is_ok());
+    assert!(files[0].exists());
+    let _ = std::fs::remove_dir_all(&cache);
+}
