@@ -271,6 +271,23 @@ pub fn eval(r: &EvalReport) {
             random: r.random,
         },
     );
+    let losing: Vec<_> = r.task_picks.iter().filter(|p| p.loss_share > 0.0).collect();
+    if !losing.is_empty() {
+        println!("where the model's top-1 loses most (latency-weighted; share of the loss):");
+        for p in losing.iter().take(5) {
+            println!(
+                "  {:5.1}%  {}  (x{}, {} records): picked {:.3} ms, best {:.3} ms ({:.2}x)",
+                100.0 * p.loss_share,
+                // The key's workload; its target and machine are the eval's.
+                p.task.split(" @ ").next().unwrap_or(&p.task),
+                p.weight,
+                p.records,
+                1e3 * p.chosen_s,
+                1e3 * p.best_s,
+                p.chosen_s / p.best_s
+            );
+        }
+    }
 }
 
 pub fn held_out(r: &tessel::HeldOutReport) {

@@ -397,13 +397,14 @@ impl CpuMeasurer {
                 },
             )
         };
-        // A budget that makes no duration (NaN, negative, past u64 seconds) sets no deadline.
-        let deadline = job.budget_s.and_then(|b| {
-            Duration::try_from_secs_f64((b * CHECK_DEADLINE_BUDGETS).max(CHECK_DEADLINE_FLOOR_S))
-                .ok()
+        // The worker's own timeout caps the deadline: a check still going then is censored,
+        // not an error. (`max` takes the floor for a NaN or negative budget.)
+        let deadline = job.budget_s.map(|b| {
+            let d = (b * CHECK_DEADLINE_BUDGETS).max(CHECK_DEADLINE_FLOOR_S);
+            Duration::try_from_secs_f64(d).unwrap_or(Duration::MAX)
         });
-        let Some(deadline) = deadline.filter(|d| *d < self.opts.timeout) else {
-            // No budget, or one so long that the worker's own timeout comes first: one call.
+        let Some(deadline) = deadline.map(|d| d.min(self.opts.timeout)) else {
+            // No budget: one call.
             return match self.worker.call(&request(Phase::All), self.opts.timeout) {
                 Ok(Reply::Ok {
                     samples,
@@ -426,7 +427,7 @@ impl CpuMeasurer {
             Ok(Reply::Err { kind, message }) => return Err(MeasureError::new(kind, message)),
             Err(e) => return Err(fail(e)),
         }
-        let max_error = match self.worker.call(&request(Phase::Check), deadline) {
+        let (checked, max_error) = match self.worker.call(&request(Phase::Check), deadline) {
             Ok(Reply::Ok {
                 samples,
                 max_error,
@@ -436,7 +437,7 @@ impl CpuMeasurer {
                 if cut_short {
                     return measurement(&samples, max_error, true, &[]);
                 }
-                max_error
+                (samples, max_error)
             }
             Ok(Reply::Err { kind, message }) => return Err(MeasureError::new(kind, message)),
             Err(WorkerError::Timeout { seconds }) => {
@@ -454,6 +455,9 @@ impl CpuMeasurer {
                 ..
             }) => measurement(&samples, max_error, false, &allocation_medians),
             Ok(Reply::Err { kind, message }) => Err(MeasureError::new(kind, message)),
+            // A checked kernel whose timed runs outlast the worker's timeout (runs of many
+            // seconds each under a loose budget) keeps its checked run as the measurement.
+            Err(WorkerError::Timeout { .. }) => measurement(&checked, max_error, true, &[]),
             Err(e) => Err(fail(e)),
         }
     }
@@ -484,7 +488,10 @@ impl Measurer for CpuMeasurer {
     /// kernels run on one thread: a multi-threaded kernel's timing needs every core.
     fn prefetch(&mut self, candidates: &[Candidate]) {
         self.finish_prefetch();
-        if self.opts.threads > 1 || candidates.is_empty() {
+        // Compiling beside the measurement needs a core of its own: in a process pinned to
+        // one core (`taskset -c 1`), gcc would share it with the kernels being timed.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if self.opts.threads > 1 || cores < 2 || candidates.is_empty() {
             return;
         }
         let jobs = self.prepare_batch(candidates);

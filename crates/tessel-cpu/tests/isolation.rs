@@ -227,8 +227,9 @@ fn a_checked_run_far_past_its_budget_is_stopped_and_recorded_as_censored() {
     assert!(timed.timing.runs >= 5, "{timed:?}");
     assert_eq!(timed.max_error, 0.0);
     assert_eq!(m.worker_restarts(), 1);
-    // Budgets no duration can hold set no deadline (KernelJob is built by hand here; a
-    // Candidate's budget is checked already).
+    // Odd budgets still measure (KernelJob is built by hand here; a Candidate's budget is
+    // checked already): NaN and negative ones take the half-second floor, one past any
+    // duration the worker's timeout.
     for odd in [f64::NAN, -1.0, 1e300] {
         assert!(m.measure_kernels(&[job(good.kernel.clone(), odd)])[0].is_ok());
     }
@@ -388,4 +389,54 @@ fn a_slow_reference_is_kept_on_disk_for_the_next_worker() {
     assert!(fresh().measure(&[candidate()])[0].is_ok());
     assert!(files[0].exists());
     let _ = std::fs::remove_dir_all(&cache);
+}
+
+#[test]
+fn under_a_loose_budget_the_workers_timeout_censors_the_check_and_keeps_a_slow_timing() {
+    let w: tessel_ir::Workload = "gemm:m=64,n=64,k=64,dtype=f32".parse().unwrap();
+    let op = w.to_op();
+    let mut m = many_runs(Duration::from_millis(2500));
+    let good = m
+        .prepare(
+            &Candidate::new(op.clone(), tessel_ir::Trace::new()),
+            "plain",
+        )
+        .unwrap();
+    // The same correct kernel, sleeping first.
+    let sleepy = |name: &str, seconds: u32| {
+        let body = good.kernel.source.replacen(
+            '{',
+            &format!("{{ extern unsigned int sleep(unsigned int); sleep({seconds});"),
+            1,
+        );
+        Kernel {
+            name: name.into(),
+            source: body.replacen(&good.kernel.name, name, 1),
+            ..good.kernel.clone()
+        }
+    };
+    let job = |kernel: Kernel| {
+        Ok(KernelJob {
+            op: op.clone(),
+            kernel,
+            mode: Mode::Native,
+            // Deadlines of 4 budgets (400 s) that the 2.5 s timeout cuts.
+            budget_s: Some(100.0),
+        })
+    };
+    let r = m.measure_kernels(&[job(sleepy("sleeps_10", 10)), job(sleepy("sleeps_1", 1))]);
+    // Past the timeout in its check: censored there, not an error.
+    let censored = r[0].as_ref().unwrap();
+    assert!(censored.censored && censored.cut_short, "{censored:?}");
+    assert!(
+        (censored.timing.median_s - 2.5).abs() < 1e-9,
+        "{censored:?}"
+    );
+    // Checked in a second, but six more runs would outlast the timeout: the checked run is
+    // the measurement.
+    let slow = r[1].as_ref().unwrap();
+    assert!(slow.cut_short && !slow.censored, "{slow:?}");
+    assert_eq!(slow.timing.runs, 1);
+    assert!(slow.timing.median_s >= 1.0, "{slow:?}");
+    assert_eq!(slow.max_error, 0.0);
 }

@@ -30,26 +30,49 @@ pub fn top_k_score(tasks: &[Ranked], k: usize) -> f64 {
     let mut best_sum = 0.0;
     let mut chosen_sum = 0.0;
     for t in tasks {
-        if t.latency.is_empty() {
-            continue;
+        if let Some((best, chosen)) = best_and_chosen(t, k) {
+            best_sum += t.weight * best;
+            chosen_sum += t.weight * chosen;
         }
-        let best = t.latency.iter().copied().fold(f64::INFINITY, f64::min);
-        let mut order: Vec<usize> = (0..t.latency.len()).collect();
-        // Highest score first; ties broken by index, so the result is deterministic.
-        order.sort_by(|&a, &b| t.predicted[b].total_cmp(&t.predicted[a]).then(a.cmp(&b)));
-        let chosen = order
-            .iter()
-            .take(k.max(1))
-            .map(|&i| t.latency[i])
-            .fold(f64::INFINITY, f64::min);
-        best_sum += t.weight * best;
-        chosen_sum += t.weight * chosen;
     }
     if chosen_sum > 0.0 {
         best_sum / chosen_sum
     } else {
         0.0
     }
+}
+
+/// A task's best latency and the best among the ranking's k highest-scored candidates
+/// (`None` for a task without candidates).
+pub fn best_and_chosen(t: &Ranked, k: usize) -> Option<(f64, f64)> {
+    if t.latency.is_empty() {
+        return None;
+    }
+    let best = t.latency.iter().copied().fold(f64::INFINITY, f64::min);
+    let mut order: Vec<usize> = (0..t.latency.len()).collect();
+    // Highest score first; ties broken by index, so the result is deterministic.
+    order.sort_by(|&a, &b| t.predicted[b].total_cmp(&t.predicted[a]).then(a.cmp(&b)));
+    let chosen = order
+        .iter()
+        .take(k.max(1))
+        .map(|&i| t.latency[i])
+        .fold(f64::INFINITY, f64::min);
+    Some((best, chosen))
+}
+
+/// Each task's share of what the top-1 score loses: `w_t * (chosen_t - best_t)` over the sum
+/// of it across tasks (zeros when nothing is lost). The score weighs tasks by latency, so one
+/// heavy task picked badly can cost more than every other task together.
+pub fn top1_loss_shares(tasks: &[Ranked]) -> Vec<f64> {
+    let losses: Vec<f64> = tasks
+        .iter()
+        .map(|t| best_and_chosen(t, 1).map_or(0.0, |(b, c)| t.weight * (c - b)))
+        .collect();
+    let total: f64 = losses.iter().sum();
+    losses
+        .iter()
+        .map(|l| if total > 0.0 { l / total } else { 0.0 })
+        .collect()
 }
 
 /// Concordant, discordant and prediction-tied pairs among pairs of distinct latency.
@@ -307,6 +330,10 @@ mod tests {
         // (1 * 1 + 3 * 4) / (1 * 2 + 3 * 4) = 13 / 14.
         assert!((top_k_score(&tasks, 1) - 13.0 / 14.0).abs() < 1e-12);
         assert_eq!(top_k_score(&tasks, 3), 1.0);
+        // All of the loss is task 1's (1 ms lost); task 2 loses nothing.
+        assert_eq!(top1_loss_shares(&tasks), vec![1.0, 0.0]);
+        assert_eq!(best_and_chosen(&tasks[0], 1), Some((1.0, 2.0)));
+        assert_eq!(top1_loss_shares(&tasks[1..]), vec![0.0]);
     }
 
     #[test]

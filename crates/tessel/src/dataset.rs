@@ -339,6 +339,10 @@ fn dataset_workloads(o: &DatasetOptions, types: Types) -> Result<Vec<Workload>> 
     Ok(workloads)
 }
 
+/// How many records of a task may be measured under the budget of the run's fastest rate
+/// before the task's own best alone sets it.
+const PROVISIONAL_RECORDS: usize = 16;
+
 /// Samples `per_task` distinct schedules of every task, a `search_share` of them from search
 /// rounds and the rest uniformly from the whole space, measures them and appends the records
 /// to `out` (a rerun measures only what is missing).
@@ -380,6 +384,18 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
     let mut cut_short = 0usize;
     let mut searched = 0usize;
     let mut short = Vec::new();
+    // The fastest rate any task of this target and machine has reached: a task's first
+    // records get at most the budget of a schedule at that rate, so that the first batch of
+    // a 46 GFLOP GEMM does not run slow schedules for a minute each.
+    let mut fastest_gflops = existing
+        .records
+        .iter()
+        .filter(|r| r.target == target && r.fingerprint == fp)
+        .filter_map(|r| r.result.as_ref().ok())
+        .filter(|m| !m.emulated && !m.censored)
+        .map(|m| m.gflops)
+        .filter(|g| g.is_finite() && *g > 0.0)
+        .reduce(f64::max);
     for w in &workloads {
         let spec = w.to_string();
         let op = w.to_op();
@@ -393,6 +409,7 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
         let here =
             |r: &&TuningRecord| r.fingerprint == fp && r.result.as_ref().is_ok_and(|m| !m.emulated);
         let have = mine().count();
+        let have_here = mine().filter(here).count();
         let have_search = mine()
             .filter(|r| r.sampler.as_deref() == Some("search"))
             .count();
@@ -449,7 +466,16 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
                     next = Some((b, l));
                 }
             }
-            let budget = best.map(tessel_search::cut_short_budget);
+            // Until the task has a batch of its own, its best may be one slow random schedule:
+            // the budget is then no looser than a schedule at the run's fastest rate.
+            let at_fastest = fastest_gflops
+                .filter(|_| have_here + fresh.len() < PROVISIONAL_RECORDS)
+                .map(|g| w.flops() as f64 / (g * 1e9));
+            let budget = match (best, at_fastest) {
+                (Some(b), Some(f)) => Some(b.min(f)),
+                (b, f) => b.or(f),
+            }
+            .map(tessel_search::cut_short_budget);
             for c in &mut batch {
                 c.budget_s = budget;
             }
@@ -469,6 +495,10 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
                     {
                         cut_short += usize::from(m.cut_short);
                         best = Some(best.map_or(m.timing.median_s, |b| b.min(m.timing.median_s)));
+                        if !m.censored && m.gflops.is_finite() {
+                            fastest_gflops =
+                                Some(fastest_gflops.map_or(m.gflops, |g| g.max(m.gflops)));
+                        }
                     }
                     TuningRecord::new(w, &target, fp.clone(), c.trace, mapping, r)
                         .with_sampler("random")

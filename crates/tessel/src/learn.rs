@@ -536,6 +536,9 @@ pub struct EvalReport {
     pub roofline: Metrics,
     /// A random ranking.
     pub random: Metrics,
+    /// Each task's top-1 pick beside its best, with its share of what the top-1 score
+    /// loses: the score weighs tasks by latency, so a few heavy tasks decide it.
+    pub task_picks: Vec<TaskPick>,
     /// Where the plots went, and why there is no PNG where there is none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plots: Option<(PathBuf, Option<String>)>,
@@ -603,8 +606,50 @@ pub fn eval(o: &EvalOptions, progress: &mut dyn Progress) -> Result<EvalReport> 
         gbt: metrics::evaluate(&gbt_ranked),
         roofline: metrics::evaluate(&roofline_rank(&data)),
         random: metrics::random_baseline(&ranked, 20, o.seed),
+        task_picks: task_picks(&data, &ranked),
         plots,
     })
+}
+
+/// One task's top-1 in an eval.
+#[derive(Clone, Debug, Serialize)]
+pub struct TaskPick {
+    /// The task's workload spec.
+    pub task: String,
+    /// How often it occurs in its network.
+    pub weight: f64,
+    /// Its records in the eval.
+    pub records: usize,
+    /// The task's best measured latency.
+    pub best_s: f64,
+    /// The measured latency of the model's favourite.
+    pub chosen_s: f64,
+    /// This task's share of `sum(w * (chosen - best))` over all tasks.
+    pub loss_share: f64,
+}
+
+/// Every task's pick, those that lose the top-1 score most first.
+fn task_picks(data: &Dataset, ranked: &[Ranked]) -> Vec<TaskPick> {
+    let shares = metrics::top1_loss_shares(ranked);
+    let mut picks: Vec<TaskPick> = data
+        .tasks
+        .iter()
+        .zip(ranked)
+        .zip(shares)
+        .filter_map(|(((task, weight), r), loss_share)| {
+            let (best_s, chosen_s) = metrics::best_and_chosen(r, 1)?;
+            Some(TaskPick {
+                task: task.clone(),
+                weight: *weight,
+                records: r.latency.len(),
+                best_s,
+                chosen_s,
+                loss_share,
+            })
+        })
+        .collect();
+    picks.sort_by(|a, b| b.loss_share.total_cmp(&a.loss_share));
+    picks
 }
 
 /// Writes the eval plots into `dir`; returns why there is no PNG, where there is none.
