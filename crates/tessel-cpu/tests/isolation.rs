@@ -199,7 +199,7 @@ fn a_checked_run_far_past_its_budget_is_stopped_and_recorded_as_censored() {
             budget_s: Some(budget_s),
         })
     };
-    // Sleeps 30 s: far past 4 budgets of 1 ms (and past the half-second floor), far short of
+    // Sleeps 30 s: far past 2 budgets of 1 ms (and past the half-second floor), far short of
     // the worker's own timeout of 60 s.
     let slow = handwritten(
         "sleeps",
@@ -208,7 +208,7 @@ fn a_checked_run_far_past_its_budget_is_stopped_and_recorded_as_censored() {
     let start = std::time::Instant::now();
     let r = m.measure_kernels(&[
         job(slow, 1e-3),
-        // A second's budget: prepared, checked under a 4 s deadline, then timed in full.
+        // A second's budget: prepared, checked under a 2 s deadline, then timed in full.
         job(good.kernel.clone(), 1.0),
     ]);
     assert!(
@@ -420,7 +420,7 @@ fn under_a_loose_budget_the_workers_timeout_censors_the_check_and_keeps_a_slow_t
             op: op.clone(),
             kernel,
             mode: Mode::Native,
-            // Deadlines of 4 budgets (400 s) that the 2.5 s timeout cuts.
+            // Deadlines of 2 budgets (200 s) that the 2.5 s timeout cuts.
             budget_s: Some(100.0),
         })
     };
