@@ -36,6 +36,13 @@ use instr::*;
 /// (each lane would be a gather from its own cache line).
 const GATHER_STRIDE: u64 = 16;
 
+/// gcc 12's loop vectorizer, left to its default cost model, spends minutes on an innermost
+/// loop that strides a power of two of this many elements or more (a 512x11008x4096 dense
+/// layer's kernel took 65 s). A kernel with such a loop asks for the very-cheap model, gcc's
+/// -O2 default, which compiles it in half a second; loops forced to SIMD keep theirs.
+const SLOW_VECTORIZER_STRIDE: u64 = 1024;
+const VERY_CHEAP_VECTORIZER: &str = "__attribute__((optimize(\"vect-cost-model=very-cheap\")))";
+
 /// The shared C prelude: types, conversions, the AMX tile configuration and the scalar
 /// emulation of the intrinsics (under `TESSEL_EMULATE`).
 pub const PRELUDE: &str = include_str!("../prelude.h");
@@ -203,6 +210,9 @@ struct Gen<'p> {
     intrinsics: BTreeSet<String>,
     /// Set when generating the variant of a kernel that takes one input already packed.
     prepacked: Option<prepack::Plan<'p>>,
+    /// An innermost loop left to the vectorizer strides a large power of two
+    /// ([`SLOW_VECTORIZER_STRIDE`]).
+    slow_to_vectorize: bool,
 }
 
 impl<'p> Gen<'p> {
@@ -245,6 +255,7 @@ impl<'p> Gen<'p> {
             features,
             intrinsics,
             prepacked: None,
+            slow_to_vectorize: false,
         })
     }
 
@@ -432,6 +443,16 @@ impl<'p> Gen<'p> {
         }
         self.depth -= 1;
         self.line("}");
+        if self.slow_to_vectorize {
+            let header = format!("void {name}(void *const *args) {{");
+            self.out = self.out.replacen(
+                &header,
+                &format!(
+                    "/* an innermost loop strides a power of two of {SLOW_VECTORIZER_STRIDE}+ elements: gcc's default vectorizer cost model would take minutes */\n{VERY_CHEAP_VECTORIZER} {header}"
+                ),
+                1,
+            );
+        }
         Ok(())
     }
 
@@ -641,6 +662,7 @@ impl<'p> Gen<'p> {
         if l.reduction && self.register_block(l)? {
             return Ok(());
         }
+        let mut forced_simd = false;
         match l.kind {
             LoopKind::Bound(axis) => {
                 return Err(CodegenError::Unsupported {
@@ -659,7 +681,8 @@ impl<'p> Gen<'p> {
                 l.body
                     .walk(&mut |s| has_call |= matches!(s, Stmt::Tensorized(_)));
                 if !has_call {
-                    match self.widest_stride(l) {
+                    let widest = self.strides(l).into_iter().max_by_key(|s| s.unsigned_abs());
+                    match widest {
                         Some(stride) if stride.unsigned_abs() >= GATHER_STRIDE => {
                             // Every lane would load its own cache line, and gcc 12's emulated
                             // gathers at power-of-two strides of 1024 elements or more take
@@ -668,12 +691,23 @@ impl<'p> Gen<'p> {
                                 "/* not forced to SIMD: an access strides {stride} elements */"
                             ));
                         }
-                        _ => self.line("#pragma omp simd"),
+                        _ => {
+                            self.line("#pragma omp simd");
+                            forced_simd = true;
+                        }
                     }
                 }
             }
             LoopKind::Unrolled => self.line(&format!("#pragma GCC unroll {}", l.extent.min(64))),
             LoopKind::Serial => {}
+        }
+        let mut has_loop = false;
+        l.body.walk(&mut |s| has_loop |= matches!(s, Stmt::For(_)));
+        if !has_loop && !forced_simd {
+            self.slow_to_vectorize |= self.strides(l).iter().any(|s| {
+                let s = s.unsigned_abs();
+                s >= SLOW_VECTORIZER_STRIDE && s.is_power_of_two()
+            });
         }
         let h = self.loop_header(l);
         self.line(&h);
@@ -684,16 +718,16 @@ impl<'p> Gen<'p> {
         Ok(())
     }
 
-    /// The largest (in magnitude) linearised stride of any buffer access in `l`'s body when
-    /// `l`'s variable grows by one (`None`: no access moves with it).
-    fn widest_stride(&self, l: &For) -> Option<i64> {
+    /// The linearised strides (non-zero) of the buffer accesses in `l`'s body when `l`'s
+    /// variable grows by one.
+    fn strides(&self, l: &For) -> Vec<i64> {
         let nvars = self.p.vars.len();
-        let mut widest: Option<i64> = None;
+        let mut strides = Vec::new();
         let mut see = |r: &BufferRef| {
             let shape = &self.p.buffers[r.buffer].shape;
             let stride = linear_stride(&r.index, shape, l.var, nvars);
-            if stride != 0 && widest.is_none_or(|w| stride.unsigned_abs() > w.unsigned_abs()) {
-                widest = Some(stride);
+            if stride != 0 {
+                strides.push(stride);
             }
         };
         l.body.walk(&mut |s| match s {
@@ -712,7 +746,7 @@ impl<'p> Gen<'p> {
             Stmt::Fill { dst, .. } => see(dst),
             _ => {}
         });
-        widest
+        strides
     }
 
     /// The outermost parallel loop: one OpenMP region; directly nested parallel loops collapse
