@@ -124,6 +124,16 @@ pub enum Encoding {
     Primitives,
 }
 
+/// Which of a record's timings is its latency label.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Label {
+    /// The median of its timed runs (what every figure uses unless it says otherwise).
+    #[default]
+    Median,
+    /// Its fastest run: less of the machine's noise, which only ever adds time.
+    Fastest,
+}
+
 /// Records -> samples: successful, non-emulated records (of the `only` workloads, where
 /// given), lowered and featurised on the machine that measured them. A task is a workload on
 /// one target and machine.
@@ -132,7 +142,17 @@ pub fn load(
     only: Option<&HashSet<String>>,
     progress: &mut dyn Progress,
 ) -> Result<Dataset> {
-    load_encoded(files, only, &[Encoding::Allocation], progress)?
+    load_labeled(files, only, Label::Median, progress)
+}
+
+/// [`load`], labelling each sample with the `label` timing of its record.
+pub fn load_labeled(
+    files: &[PathBuf],
+    only: Option<&HashSet<String>>,
+    label: Label,
+    progress: &mut dyn Progress,
+) -> Result<Dataset> {
+    load_encoded_labeled(files, only, &[Encoding::Allocation], label, progress)?
         .pop()
         .context("no dataset")
 }
@@ -142,6 +162,16 @@ pub fn load_encoded(
     files: &[PathBuf],
     only: Option<&HashSet<String>>,
     encodings: &[Encoding],
+    progress: &mut dyn Progress,
+) -> Result<Vec<Dataset>> {
+    load_encoded_labeled(files, only, encodings, Label::Median, progress)
+}
+
+fn load_encoded_labeled(
+    files: &[PathBuf],
+    only: Option<&HashSet<String>>,
+    encodings: &[Encoding],
+    label: Label,
     progress: &mut dyn Progress,
 ) -> Result<Vec<Dataset>> {
     let catalog = Catalog::default();
@@ -183,7 +213,10 @@ pub fn load_encoded(
                 out.push(Sample {
                     task,
                     tokens,
-                    latency: m.timing.median_s,
+                    latency: match label {
+                        Label::Median => m.timing.median_s,
+                        Label::Fastest => m.timing.min_s,
+                    },
                 });
             }
         }
@@ -228,6 +261,25 @@ pub(crate) fn display(files: &[PathBuf]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fastest_run_label_is_never_above_the_median() {
+        let file = crate::tune::fixtures_dir().join("datasets/cpu-avx2-fma-bert-llama.jsonl.gz");
+        let load = |label| {
+            load_labeled(
+                std::slice::from_ref(&file),
+                None,
+                label,
+                &mut crate::NoProgress,
+            )
+            .unwrap()
+        };
+        let (median, fastest) = (load(Label::Median), load(Label::Fastest));
+        assert_eq!(median.samples.len(), fastest.samples.len());
+        let pairs = || median.samples.iter().zip(&fastest.samples);
+        assert!(pairs().all(|(m, f)| f.latency <= m.latency && f.task == m.task));
+        assert!(pairs().any(|(m, f)| f.latency < m.latency));
+    }
 
     #[test]
     fn an_unknown_network_is_an_error_even_after_a_known_one() {

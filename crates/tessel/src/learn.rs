@@ -15,7 +15,7 @@ use tessel_model::{
 };
 use tessel_search::rng::Rng;
 
-use crate::data::{load, network_filter, network_filter_except};
+use crate::data::{Label, load, load_labeled, network_filter, network_filter_except};
 use crate::error::{Context, Result, bail};
 use crate::progress::Progress;
 use crate::tune::fixtures_dir;
@@ -509,6 +509,10 @@ pub struct EvalOptions {
     /// and PNG where rsvg-convert is installed.
     #[cfg_attr(feature = "clap", arg(long))]
     pub plot: Option<PathBuf>,
+    /// Rank by each record's fastest run instead of its median (the machine's noise only
+    /// ever adds time).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub fastest_run: bool,
 }
 
 /// A model's ranking quality.
@@ -564,7 +568,17 @@ pub fn eval(o: &EvalOptions, progress: &mut dyn Progress) -> Result<EvalReport> 
         (o.data.clone(), o.networks.clone())
     };
     let mut model = load_model(&model_path)?;
-    let data = load(&data_files, network_filter(&networks)?.as_ref(), progress)?;
+    let label = if o.fastest_run {
+        Label::Fastest
+    } else {
+        Label::Median
+    };
+    let data = load_labeled(
+        &data_files,
+        network_filter(&networks)?.as_ref(),
+        label,
+        progress,
+    )?;
     let ranked = rank(&mut model, &data);
     let (a, b) = split_tasks(data.tasks.len(), 0.5, o.seed);
     // The baselines never rank tasks they were fitted on: each half is ranked by a fit on
