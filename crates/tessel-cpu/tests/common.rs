@@ -13,14 +13,7 @@ pub use tessel_cpu::reference::CPU_INSTRUCTIONS;
 pub fn measurer(emulate: bool) -> CpuMeasurer {
     let opts = CpuOptions {
         emulate,
-        timing: TimingOptions {
-            warmup: 0,
-            min_runs: 1,
-            max_runs: 1,
-            min_time_s: 0.0,
-            budget_s: None,
-            allocations: 1,
-        },
+        timing: TimingOptions::single_run(),
         timeout: Duration::from_secs(120),
         ..CpuOptions::default()
     };
@@ -30,6 +23,11 @@ pub fn measurer(emulate: bool) -> CpuMeasurer {
 /// A measurer with these options, on the test worker and the tests' compiler cache.
 pub fn measurer_with(opts: CpuOptions) -> CpuMeasurer {
     let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("tessel-cpu-cache");
+    measurer_in(&cache, opts)
+}
+
+/// A measurer with these options compiling into `cache`.
+pub fn measurer_in(cache: &std::path::Path, opts: CpuOptions) -> CpuMeasurer {
     CpuMeasurer::with_compiler(
         WorkerCommand::new(env!("CARGO_BIN_EXE_tessel-cpu-worker")),
         opts,

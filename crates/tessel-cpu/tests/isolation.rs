@@ -156,6 +156,15 @@ fn many_runs(timeout: Duration) -> tessel_cpu::CpuMeasurer {
     })
 }
 
+/// The naive loop nest of `op`, ready to measure by hand.
+fn naive_kernel(m: &tessel_cpu::CpuMeasurer, op: &tessel_ir::ComputeOp) -> KernelJob {
+    m.prepare(
+        &Candidate::new(op.clone(), tessel_ir::Trace::new()),
+        "plain",
+    )
+    .unwrap()
+}
+
 #[test]
 fn a_checked_run_over_its_budget_is_the_whole_measurement() {
     let w: tessel_ir::Workload = "gemm:m=64,n=64,k=64,dtype=f32".parse().unwrap();
@@ -185,12 +194,7 @@ fn a_checked_run_far_past_its_budget_is_stopped_and_recorded_as_censored() {
     let w: tessel_ir::Workload = "gemm:m=64,n=64,k=64,dtype=f32".parse().unwrap();
     let op = w.to_op();
     let mut m = many_runs(Duration::from_secs(60));
-    let good = m
-        .prepare(
-            &Candidate::new(op.clone(), tessel_ir::Trace::new()),
-            "plain",
-        )
-        .unwrap();
+    let good = naive_kernel(&m, &op);
     let job = |kernel: Kernel, budget_s: f64| {
         Ok(KernelJob {
             op: op.clone(),
@@ -249,22 +253,10 @@ fn a_prefetched_batch_compiles_in_the_background_and_measures_the_same() {
         .join(format!("prefetch-cache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&cache);
     let opts = tessel_cpu::CpuOptions {
-        timing: tessel_cpu::TimingOptions {
-            warmup: 0,
-            min_runs: 1,
-            max_runs: 1,
-            min_time_s: 0.0,
-            budget_s: None,
-            allocations: 1,
-        },
+        timing: tessel_cpu::TimingOptions::single_run(),
         ..tessel_cpu::CpuOptions::default()
     };
-    let mut m = tessel_cpu::CpuMeasurer::with_compiler(
-        tessel_cpu::WorkerCommand::new(env!("CARGO_BIN_EXE_tessel-cpu-worker")),
-        opts,
-        tessel_cpu::Compiler::new(&cache).unwrap(),
-    )
-    .unwrap();
+    let mut m = common::measurer_in(&cache, opts);
     let batch = |sizes: &[u64]| -> Vec<Candidate> {
         sizes
             .iter()
@@ -343,23 +335,14 @@ fn a_slow_reference_is_kept_on_disk_for_the_next_worker() {
         .join(format!("reference-cache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&cache);
     let fresh = || {
-        tessel_cpu::CpuMeasurer::with_compiler(
-            tessel_cpu::WorkerCommand::new(env!("CARGO_BIN_EXE_tessel-cpu-worker")),
+        common::measurer_in(
+            &cache,
             tessel_cpu::CpuOptions {
                 emulate: true,
-                timing: tessel_cpu::TimingOptions {
-                    warmup: 0,
-                    min_runs: 1,
-                    max_runs: 1,
-                    min_time_s: 0.0,
-                    budget_s: None,
-                    allocations: 1,
-                },
+                timing: tessel_cpu::TimingOptions::single_run(),
                 ..Default::default()
             },
-            tessel_cpu::Compiler::new(cache.clone()).unwrap(),
         )
-        .unwrap()
     };
     let candidate = || {
         Candidate::new(
@@ -396,12 +379,7 @@ fn under_a_loose_budget_the_workers_timeout_censors_the_check_and_keeps_a_slow_t
     let w: tessel_ir::Workload = "gemm:m=64,n=64,k=64,dtype=f32".parse().unwrap();
     let op = w.to_op();
     let mut m = many_runs(Duration::from_millis(2500));
-    let good = m
-        .prepare(
-            &Candidate::new(op.clone(), tessel_ir::Trace::new()),
-            "plain",
-        )
-        .unwrap();
+    let good = naive_kernel(&m, &op);
     // The same correct kernel, sleeping first.
     let sleepy = |name: &str, seconds: u32| {
         let body = good.kernel.source.replacen(

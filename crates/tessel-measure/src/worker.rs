@@ -54,6 +54,17 @@ impl Default for TimingOptions {
 }
 
 impl TimingOptions {
+    /// One timed run and no warm-up: a correctness check, or an overhead measurement.
+    pub fn single_run() -> Self {
+        TimingOptions {
+            warmup: 0,
+            min_runs: 1,
+            max_runs: 1,
+            min_time_s: 0.0,
+            ..TimingOptions::default()
+        }
+    }
+
     /// Whether `runs` samples taking `elapsed_s` in all are enough.
     pub fn done(&self, runs: u32, elapsed_s: f64) -> bool {
         runs >= self.max_runs.max(1) || (elapsed_s >= self.min_time_s && runs >= self.min_runs)

@@ -389,14 +389,7 @@ fn measure_overhead(worker_exe: Option<&Path>) -> Result<f64> {
     let mut m = CpuMeasurer::new(
         worker_command("cpu", worker_exe)?,
         CpuOptions {
-            timing: TimingOptions {
-                warmup: 0,
-                min_runs: 1,
-                max_runs: 1,
-                min_time_s: 0.0,
-                budget_s: None,
-                allocations: 1,
-            },
+            timing: TimingOptions::single_run(),
             ..CpuOptions::default()
         },
     )?;
