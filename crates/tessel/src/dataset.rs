@@ -342,6 +342,10 @@ fn dataset_workloads(o: &DatasetOptions, types: Types) -> Result<Vec<Workload>> 
 /// How many records of a task may be measured under the budget of the run's fastest rate
 /// before the task's own best alone sets it.
 const PROVISIONAL_RECORDS: usize = 16;
+/// ... only for tasks that would take this long even at that rate: a small or memory-bound
+/// task's first batch costs little unbudgeted, and a budget from another task's rate would
+/// cut its good schedules short.
+const PROVISIONAL_MIN_S: f64 = 0.05;
 
 /// Samples `per_task` distinct schedules of every task, a `search_share` of them from search
 /// rounds and the rest uniformly from the whole space, measures them and appends the records
@@ -470,7 +474,8 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
             // the budget is then no looser than a schedule at the run's fastest rate.
             let at_fastest = fastest_gflops
                 .filter(|_| have_here + fresh.len() < PROVISIONAL_RECORDS)
-                .map(|g| w.flops() as f64 / (g * 1e9));
+                .map(|g| w.flops() as f64 / (g * 1e9))
+                .filter(|s| *s >= PROVISIONAL_MIN_S);
             let budget = match (best, at_fastest) {
                 (Some(b), Some(f)) => Some(b.min(f)),
                 (b, f) => b.or(f),
