@@ -3,7 +3,8 @@
 //! latency bound when too few independent accumulators stay in registers.
 //!
 //! It is a ranker of its own in every comparison and the model's optional prior (with
-//! `ModelConfig::prior` the model's score starts from it and learns the correction). It reads only the tokens, so it applies to any stored record.
+//! `ModelConfig::prior` the model's score starts from it and learns the correction). It
+//! reads only the tokens, so it applies to any stored record.
 //! Magnitude columns are `log2(1 + x)` and loop products `log2`; this module undoes both.
 
 use crate::schema::{Col, WIDTH};

@@ -662,6 +662,7 @@ impl<'p> Gen<'p> {
         if l.reduction && self.register_block(l)? {
             return Ok(());
         }
+        let strides = self.strides(l);
         let mut forced_simd = false;
         match l.kind {
             LoopKind::Bound(axis) => {
@@ -681,8 +682,7 @@ impl<'p> Gen<'p> {
                 l.body
                     .walk(&mut |s| has_call |= matches!(s, Stmt::Tensorized(_)));
                 if !has_call {
-                    let widest = self.strides(l).into_iter().max_by_key(|s| s.unsigned_abs());
-                    match widest {
+                    match strides.iter().copied().max_by_key(|s| s.unsigned_abs()) {
                         Some(stride) if stride.unsigned_abs() >= GATHER_STRIDE => {
                             // Every lane would load its own cache line, and gcc 12's emulated
                             // gathers at power-of-two strides of 1024 elements or more take
@@ -704,7 +704,7 @@ impl<'p> Gen<'p> {
         let mut has_loop = false;
         l.body.walk(&mut |s| has_loop |= matches!(s, Stmt::For(_)));
         if !has_loop && !forced_simd {
-            self.slow_to_vectorize |= self.strides(l).iter().any(|s| {
+            self.slow_to_vectorize |= strides.iter().any(|s| {
                 let s = s.unsigned_abs();
                 s >= SLOW_VECTORIZER_STRIDE && s.is_power_of_two()
             });
