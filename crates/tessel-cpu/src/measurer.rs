@@ -65,6 +65,13 @@ pub struct KernelJob {
 /// (budgets are 5x the best) tells the data all it can. On LLaMA prefill's 46 GFLOP GEMMs,
 /// censored runs at four budgets took 62% of the kernels' time.
 const CHECK_DEADLINE_BUDGETS: f64 = 2.0;
+/// ... but no later than this unless half a budget is longer: past the task's best several
+/// times over, the runs only tell how bad a bad schedule is, and on a task whose best takes
+/// half a second (budget 2.6 s) checks stopped at two budgets were half of its records' cost.
+const CHECK_DEADLINE_LONG_S: f64 = 2.0;
+/// The share of a budget a check always gets when [`CHECK_DEADLINE_LONG_S`] is shorter: 2.5x
+/// the task's best at 5x budgets.
+const CHECK_DEADLINE_MIN_BUDGETS: f64 = 0.5;
 /// ... but never before this: restarting the worker and preparing again costs more than a
 /// short run.
 const CHECK_DEADLINE_FLOOR_S: f64 = 0.5;
@@ -399,9 +406,9 @@ impl CpuMeasurer {
             )
         };
         // The worker's own timeout caps the deadline: a check still going then is censored,
-        // not an error. (`max` takes the floor for a NaN or negative budget.)
+        // not an error.
         let deadline = job.budget_s.map(|b| {
-            let d = (b * CHECK_DEADLINE_BUDGETS).max(CHECK_DEADLINE_FLOOR_S);
+            let d = check_deadline_s(b);
             Duration::try_from_secs_f64(d).unwrap_or(Duration::MAX)
         });
         let Some(deadline) = deadline.map(|d| d.min(self.opts.timeout)) else {
@@ -438,6 +445,13 @@ impl CpuMeasurer {
                 if cut_short {
                     return measurement(&samples, max_error, true, &[]);
                 }
+                // A long checked run is the whole measurement (`TimingOptions::long_run_s`).
+                if samples
+                    .first()
+                    .is_some_and(|&s| self.opts.timing.measured_by_check(s))
+                {
+                    return measurement(&samples, max_error, false, &[]);
+                }
                 (samples, max_error)
             }
             Ok(Reply::Err { kind, message }) => return Err(MeasureError::new(kind, message)),
@@ -462,6 +476,17 @@ impl CpuMeasurer {
             Err(e) => Err(fail(e)),
         }
     }
+}
+
+/// When a checked run under `budget_s` is stopped and censored: at two budgets, or at
+/// [`CHECK_DEADLINE_LONG_S`] if that is sooner (but not before half a budget), never before
+/// [`CHECK_DEADLINE_FLOOR_S`]. (A negative budget gets the floor; a NaN one, which `min` and
+/// `max` skip, the long deadline.)
+fn check_deadline_s(budget_s: f64) -> f64 {
+    let long = CHECK_DEADLINE_LONG_S.max(budget_s * CHECK_DEADLINE_MIN_BUDGETS);
+    (budget_s * CHECK_DEADLINE_BUDGETS)
+        .min(long)
+        .max(CHECK_DEADLINE_FLOOR_S)
 }
 
 /// (slowest - fastest) / fastest of per-allocation medians; `None` for fewer than two.
@@ -531,5 +556,25 @@ impl CpuMeasurer {
 impl Drop for CpuMeasurer {
     fn drop(&mut self) {
         self.finish_prefetch();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_check_is_censored_at_two_budgets_or_at_the_long_deadline() {
+        // Short budgets: two of them, but never under the floor.
+        assert_eq!(check_deadline_s(0.1), CHECK_DEADLINE_FLOOR_S);
+        assert_eq!(check_deadline_s(0.5), 1.0);
+        // Two budgets would pass the long deadline: stop there, even under one budget ...
+        assert_eq!(check_deadline_s(1.5), CHECK_DEADLINE_LONG_S);
+        assert_eq!(check_deadline_s(2.6), CHECK_DEADLINE_LONG_S);
+        // ... but never under half of one.
+        assert_eq!(check_deadline_s(10.0), 5.0);
+        assert_eq!(check_deadline_s(-1.0), CHECK_DEADLINE_FLOOR_S);
+        assert_eq!(check_deadline_s(f64::NAN), CHECK_DEADLINE_LONG_S);
+        assert!(check_deadline_s(f64::INFINITY).is_infinite());
     }
 }

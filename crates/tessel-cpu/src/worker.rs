@@ -209,7 +209,8 @@ impl State {
         }
         // Far slower than the caller's budget: that one checked run is the measurement.
         let over = job.timing.budget_s.is_some_and(|b| checked_s > b);
-        if over || job.phase == Phase::Check {
+        // A long checked run is the whole measurement (`TimingOptions::long_run_s`).
+        if over || job.phase == Phase::Check || job.timing.measured_by_check(checked_s) {
             return Reply::Ok {
                 samples: vec![checked_s],
                 max_error,

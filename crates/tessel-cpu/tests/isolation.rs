@@ -150,6 +150,7 @@ fn many_runs(timeout: Duration) -> tessel_cpu::CpuMeasurer {
             min_time_s: 0.010,
             budget_s: None,
             allocations: 1,
+            long_run_s: None,
         },
         timeout,
         ..Default::default()
@@ -309,6 +310,7 @@ fn timing_on_fresh_allocations_reports_their_spread() {
                 min_time_s: 0.0,
                 budget_s: None,
                 allocations,
+                long_run_s: None,
             },
             ..tessel_cpu::CpuOptions::default()
         });
@@ -417,4 +419,68 @@ fn under_a_loose_budget_the_workers_timeout_censors_the_check_and_keeps_a_slow_t
     assert_eq!(slow.timing.runs, 1);
     assert!(slow.timing.median_s >= 1.0, "{slow:?}");
     assert_eq!(slow.max_error, 0.0);
+}
+
+#[test]
+fn a_long_checked_run_is_the_whole_measurement() {
+    let w: tessel_ir::Workload = "gemm:m=64,n=64,k=64,dtype=f32".parse().unwrap();
+    let op = w.to_op();
+    let measurer = |timing: tessel_cpu::TimingOptions| {
+        common::measurer_with(tessel_cpu::CpuOptions {
+            timing,
+            ..Default::default()
+        })
+    };
+    let good = naive_kernel(&measurer(Default::default()), &op);
+    // The same correct kernel, taking 0.3 s a run.
+    let slow = Kernel {
+        name: "naps".into(),
+        source: good
+            .kernel
+            .source
+            .replacen('{', "{ extern int usleep(unsigned int); usleep(300000);", 1)
+            .replacen(&good.kernel.name, "naps", 1),
+        ..good.kernel.clone()
+    };
+    let job = |budget_s: Option<f64>| {
+        Ok(KernelJob {
+            op: op.clone(),
+            kernel: slow.clone(),
+            mode: Mode::Native,
+            budget_s,
+        })
+    };
+    let long = tessel_cpu::TimingOptions {
+        long_run_s: Some(0.2),
+        ..Default::default()
+    };
+    // In one call (no budget) and in phases (a budget it meets): checked, then done.
+    for r in measurer(long).measure_kernels(&[job(None), job(Some(10.0))]) {
+        let m = r.unwrap();
+        assert_eq!(m.timing.runs, 1, "{m:?}");
+        assert!(!m.cut_short && !m.censored, "{m:?}");
+        assert!(m.timing.median_s >= 0.3, "{m:?}");
+        assert_eq!(m.max_error, 0.0);
+    }
+    // Asked to time on fresh allocations, or with no long-run rule, it is timed: two runs
+    // on each allocation.
+    let two_runs = tessel_cpu::TimingOptions {
+        min_runs: 2,
+        max_runs: 2,
+        ..long
+    };
+    let two_allocations = tessel_cpu::TimingOptions {
+        allocations: 2,
+        ..two_runs
+    };
+    let never = tessel_cpu::TimingOptions {
+        long_run_s: None,
+        ..two_runs
+    };
+    for timing in [two_allocations, never] {
+        let r = measurer(timing).measure_kernels(&[job(Some(10.0))]);
+        let m = r[0].as_ref().unwrap();
+        assert_eq!(m.timing.runs, 2 * timing.allocations, "{m:?}");
+        assert!(!m.cut_short, "{m:?}");
+    }
 }

@@ -17,17 +17,26 @@ impl TensorData {
     /// Writes the elements in their dtype's machine format (little endian; bf16 and f16 as
     /// bits) into `out`, which holds exactly `len * dtype.bytes()` bytes.
     pub fn write_le_bytes(&self, out: &mut [u8]) {
-        let w = self.dtype.bytes();
-        for (at, &v) in out.chunks_exact_mut(w).zip(&self.data) {
-            match self.dtype {
-                DType::BF16 => at.copy_from_slice(&half::bf16::from_f64(v).to_bits().to_le_bytes()),
-                DType::F16 => at.copy_from_slice(&half::f16::from_f64(v).to_bits().to_le_bytes()),
-                DType::F32 => at.copy_from_slice(&(v as f32).to_le_bytes()),
-                DType::I8 => at[0] = (v as i8) as u8,
-                DType::U8 => at[0] = v as u8,
-                DType::I32 => at.copy_from_slice(&(v as i32).to_le_bytes()),
-                DType::I16 => at.copy_from_slice(&(v as i16).to_le_bytes()),
+        // One loop per dtype, so that each compiles to straight (vectorized) code: the worker
+        // encodes hundreds of MB of inputs each time it starts on a large task.
+        fn put<const W: usize>(out: &mut [u8], data: &[f64], f: impl Fn(f64) -> [u8; W]) {
+            for (at, &v) in out.chunks_exact_mut(W).zip(data) {
+                at.copy_from_slice(&f(v));
             }
+        }
+        let data = &self.data;
+        match self.dtype {
+            DType::BF16 => put(out, data, |v| {
+                half::bf16::from_f64(v).to_bits().to_le_bytes()
+            }),
+            DType::F16 => put(out, data, |v| {
+                half::f16::from_f64(v).to_bits().to_le_bytes()
+            }),
+            DType::F32 => put(out, data, |v| (v as f32).to_le_bytes()),
+            DType::I8 => put(out, data, |v| [(v as i8) as u8]),
+            DType::U8 => put(out, data, |v| [v as u8]),
+            DType::I32 => put(out, data, |v| (v as i32).to_le_bytes()),
+            DType::I16 => put(out, data, |v| (v as i16).to_le_bytes()),
         }
     }
 
@@ -77,17 +86,18 @@ impl TensorData {
     /// Deterministic pseudo-random values that the dtype holds exactly: small integers for
     /// integer types (u8 in 0..=15, i8 in -8..=7), multiples of 1/8 in [-2, 2) for floats.
     pub fn random(shape: Vec<u64>, dtype: DType, seed: u64) -> Self {
-        let mut t = Self::zeros(shape, dtype);
+        let n = shape.iter().product::<u64>() as usize;
         let mut rng = SplitMix64(seed ^ 0x9e37_79b9_7f4a_7c15);
-        for x in &mut t.data {
-            let r = rng.next() % 32;
-            *x = match dtype {
-                DType::U8 => (r % 16) as f64,
-                DType::I8 | DType::I16 | DType::I32 => (r % 16) as f64 - 8.0,
-                _ => (r as f64 - 16.0) / 8.0,
-            };
+        // One loop per kind of dtype: inputs of large tasks are tens of millions of elements.
+        fn fill(n: usize, rng: &mut SplitMix64, value: impl Fn(u64) -> f64) -> Vec<f64> {
+            (0..n).map(|_| value(rng.next() % 32)).collect()
         }
-        t
+        let data = match dtype {
+            DType::U8 => fill(n, &mut rng, |r| (r % 16) as f64),
+            DType::I8 | DType::I16 | DType::I32 => fill(n, &mut rng, |r| (r % 16) as f64 - 8.0),
+            _ => fill(n, &mut rng, |r| (r as f64 - 16.0) / 8.0),
+        };
+        TensorData { shape, dtype, data }
     }
 
     /// Row-major offset of an in-bounds index.

@@ -19,7 +19,8 @@ use serde::{Deserialize, Serialize};
 use crate::{MeasureError, MeasureErrorKind};
 
 /// How to time a kernel: `warmup` runs, then runs until `min_time_s` have passed (and at least
-/// `min_runs` ran) or `max_runs` ran.
+/// `min_runs` ran) or `max_runs` ran; a kernel whose checked run took `long_run_s` or more is
+/// measured by that run alone.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TimingOptions {
     pub warmup: u32,
@@ -34,7 +35,17 @@ pub struct TimingOptions {
     /// kernel whose speed depends on where its pages landed shows it. At least 1.
     #[serde(default = "one_allocation")]
     pub allocations: u32,
+    /// A kernel whose checked run took at least this long is measured by that run: the check
+    /// has warmed it, and a warm-up and three timed runs of a 46 GFLOP GEMM would cost its
+    /// record seconds for a median barely better than one run of half a second, which timer
+    /// noise hardly touches. Only with one allocation (timing on several is the point of
+    /// asking for them). `None` always times.
+    #[serde(default)]
+    pub long_run_s: Option<f64>,
 }
+
+/// The default [`TimingOptions::long_run_s`].
+pub const LONG_RUN_S: f64 = 0.25;
 
 fn one_allocation() -> u32 {
     1
@@ -49,6 +60,7 @@ impl Default for TimingOptions {
             min_time_s: 0.020,
             budget_s: None,
             allocations: 1,
+            long_run_s: Some(LONG_RUN_S),
         }
     }
 }
@@ -63,6 +75,12 @@ impl TimingOptions {
             min_time_s: 0.0,
             ..TimingOptions::default()
         }
+    }
+
+    /// Whether a checked run of `checked_s` seconds is the whole measurement
+    /// ([`TimingOptions::long_run_s`]).
+    pub fn measured_by_check(&self, checked_s: f64) -> bool {
+        self.allocations <= 1 && self.long_run_s.is_some_and(|l| checked_s >= l)
     }
 
     /// Whether `runs` samples taking `elapsed_s` in all are enough.

@@ -58,6 +58,10 @@ pub struct PretrainOptions {
     /// Overwrite the model files at `out` if they exist.
     #[cfg_attr(feature = "clap", arg(long))]
     pub force: bool,
+    /// Learn each record's fastest run instead of its median (the machine's noise only ever
+    /// adds time; `eval --fastest-run` ranks by the same).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub fastest_run: bool,
 }
 
 /// The attention network's shape, for the commands that train a new model.
@@ -117,6 +121,7 @@ impl PretrainOptions {
             seed: 1,
             architecture: Architecture::default(),
             force: false,
+            fastest_run: false,
         }
     }
 }
@@ -151,7 +156,12 @@ pub fn pretrain(o: &PretrainOptions, progress: &mut dyn Progress) -> Result<Pret
     }
     refuse_overwrite(&o.out, o.force)?;
     let only = network_filter_except(&o.networks, &o.exclude_networks)?;
-    let data = load(&o.data, only.as_ref(), progress)?;
+    let label = if o.fastest_run {
+        Label::Fastest
+    } else {
+        Label::Median
+    };
+    let data = load_labeled(&o.data, only.as_ref(), label, progress)?;
     let mut model = Model::new(o.architecture.config(WIDTH), o.seed)?;
     let opts = TrainOptions {
         loss: o.loss,

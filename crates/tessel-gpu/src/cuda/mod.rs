@@ -121,6 +121,7 @@ impl Default for CudaOptions {
                 min_time_s: 0.05,
                 budget_s: None,
                 allocations: 1,
+                long_run_s: None,
             },
             timeout: Duration::from_secs(60),
             full_check_max_macs: 1 << 24,
