@@ -9,7 +9,8 @@
 //! - [`worker`]: a child process loads the object (libloading), checks each kernel against a
 //!   reference and times it; a kernel that crashes or hangs costs only the worker.
 //! - [`CpuMeasurer`]: all of the above behind [`tessel_measure::Measurer`].
-//! - [`reference`]: hand-written GEMM schedules (traces) per instruction.
+//! - [`reference`]: hand-written GEMM schedules (traces) per instruction; [`naive`]: the loop
+//!   order of the naive kernel that checks large candidates.
 //!
 //! Instructions the CPU lacks are skipped with a reason, or, with [`CpuOptions::emulate`],
 //! run on a scalar emulation of the intrinsics to check correctness (never timed as real).
@@ -31,6 +32,7 @@ pub mod compile;
 mod error;
 mod fingerprint;
 mod measurer;
+pub mod naive;
 pub mod peak;
 pub mod reference;
 mod reference_cache;

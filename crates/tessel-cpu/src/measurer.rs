@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use tessel_intrin::{Catalog, HostCpu};
-use tessel_ir::{ComputeOp, Trace};
+use tessel_ir::ComputeOp;
 use tessel_measure::{
     Candidate, HardwareFingerprint, MeasureError, MeasureErrorKind, MeasureResult, Measurement,
     Measurer,
@@ -211,11 +211,15 @@ impl CpuMeasurer {
         }
     }
 
-    /// The naive C kernel of `op` that checks large candidates.
+    /// The naive C kernel of `op` that checks large candidates ([`crate::naive`]).
     fn reference_kernel(&self, op: &ComputeOp) -> Result<Kernel, MeasureError> {
-        let key = content_key(&[&serde_json::to_string(op).unwrap_or_default()]);
+        let trace = crate::naive::naive_order(op);
+        let key = content_key(&[
+            &serde_json::to_string(op).unwrap_or_default(),
+            &trace.to_string(),
+        ]);
         let name = format!("tsl_ref_{}", &key[..16]);
-        let program = Trace::new()
+        let program = trace
             .lower(op, &self.catalog)
             .map_err(|e| MeasureError::new(MeasureErrorKind::Schedule, e.to_string()))?;
         generate(&program, &name, &self.catalog)

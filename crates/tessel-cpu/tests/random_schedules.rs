@@ -185,3 +185,31 @@ proptest! {
         prop_assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The naive kernel that checks large candidates, in its reordered loop order, computes
+    /// what the interpreter does on random operators of every type.
+    #[test]
+    fn the_naive_reference_order_computes_the_operator(seed in any::<u64>()) {
+        let mut rng = Rng(seed | 1);
+        let mut labels = Vec::new();
+        let mut cands = Vec::new();
+        for _ in 0..12 {
+            let id = CPU_INSTRUCTIONS[rng.below(CPU_INSTRUCTIONS.len() as u64) as usize];
+            let w = random_workload(&mut rng, &dtypes(id));
+            let op = w.to_op();
+            let trace = tessel_cpu::naive::naive_order(&op);
+            labels.push(format!("{w}\n  {trace}"));
+            cands.push(Candidate::new(op, trace));
+        }
+        let results = measurer(true).measure(&cands);
+        let failures: Vec<String> = labels
+            .iter()
+            .zip(&results)
+            .filter_map(|(l, r)| r.as_ref().err().map(|e| format!("{l}\n  -> {e}")))
+            .collect();
+        prop_assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+}
