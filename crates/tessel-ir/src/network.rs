@@ -33,6 +33,10 @@ pub const NETWORKS: &[(&str, &str)] = &[
         "ResNeXt-50 32x4d, 224x224: ResNet-50 with grouped (32) 3x3 convolutions",
     ),
     (
+        "mobilenet-v1",
+        "MobileNet-V1 1.0, 224x224: stem, 13 depthwise (groups = channels) + pointwise pairs and the classifier",
+    ),
+    (
         "mobilenet-v2",
         "MobileNet-V2 1.0, 224x224: stem, pointwise, depthwise (groups = channels) and dense layers",
     ),
@@ -135,6 +139,7 @@ pub fn network_with_types(name: &str, batch: u64, types: Types) -> Result<Networ
         "resnet50" => resnet50(&mut b, batch),
         "resnet18" => resnet18(&mut b, batch),
         "resnext50" => resnext50(&mut b, batch),
+        "mobilenet-v1" => mobilenet_v1(&mut b, batch),
         "mobilenet-v2" => mobilenet_v2(&mut b, batch),
         "bert-tiny-128" => bert(&mut b, TINY, batch, 128),
         "bert-base-128" => bert(&mut b, BASE, batch, 128),
@@ -429,6 +434,54 @@ pub const MOBILENET_V2_BLOCKS: [(u64, u64, u64, u64); 7] = [
     (6, 320, 1, 1),
 ];
 
+/// MobileNet-V1's depthwise-separable blocks: (depthwise stride, pointwise output channels).
+pub const MOBILENET_V1_BLOCKS: [(u64, u64); 13] = [
+    (1, 64),
+    (2, 128),
+    (1, 128),
+    (2, 256),
+    (1, 256),
+    (2, 512),
+    (1, 512),
+    (1, 512),
+    (1, 512),
+    (1, 512),
+    (1, 512),
+    (2, 1024),
+    (1, 1024),
+];
+
+fn mobilenet_v1(b: &mut Builder, n: u64) {
+    let (mut x, mut hw) = b.conv("stem".into(), (n, 224, 224, 3), 32, 3, 2, 1, BIAS_RELU, &[]);
+    let mut c = 32;
+    for (i, &(stride, out_c)) in MOBILENET_V1_BLOCKS.iter().enumerate() {
+        let (d, out_hw) = b.grouped_conv(
+            format!("block{i}.depthwise"),
+            (n, hw, hw, c),
+            c,
+            3,
+            stride,
+            1,
+            c,
+            BIAS_RELU,
+            &[x],
+        );
+        (x, _) = b.conv(
+            format!("block{i}.pointwise"),
+            (n, out_hw, out_hw, c),
+            out_c,
+            1,
+            1,
+            0,
+            BIAS_RELU,
+            &[d],
+        );
+        hw = out_hw;
+        c = out_c;
+    }
+    b.dense("classifier".into(), n, 1000, c, BIAS, &[x]);
+}
+
 fn mobilenet_v2(b: &mut Builder, n: u64) {
     let (mut x, mut hw) = b.conv("stem".into(), (n, 224, 224, 3), 32, 3, 2, 1, BIAS_RELU, &[]);
     let mut c = 32;
@@ -661,6 +714,21 @@ mod tests {
             .filter(|l| l.name.ends_with(".depthwise"))
             .count();
         assert_eq!(depthwise, 17);
+    }
+
+    #[test]
+    fn mobilenet_v1_is_about_569_mmacs() {
+        // Howard et al., Table 1 and 8: 569M multiply-adds (1.0 MobileNet-224).
+        let m = gmacs("mobilenet-v1", 1) * 1e3;
+        assert!((m - 569.0).abs() < 6.0, "{m}");
+        let net = network("mobilenet-v1", 1, DType::F32).unwrap();
+        let layers = net.layers();
+        assert_eq!(layers.len(), 28, "stem, 13 x 2 and the classifier");
+        let depthwise = layers
+            .iter()
+            .filter(|l| l.name.ends_with(".depthwise"))
+            .count();
+        assert_eq!(depthwise, 13);
     }
 
     #[test]
