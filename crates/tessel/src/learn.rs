@@ -493,7 +493,7 @@ fn few_shot_split(data: &Dataset, k: usize, seed: u64) -> Result<(Dataset, Datas
 }
 
 /// The committed dataset `eval` reads by default (fixtures/README.md): 200 schedules per task
-/// of ten networks on AVX2 FMA.
+/// of eleven networks on AVX2 FMA.
 pub const SHIPPED_DATASETS: &[&str] = &["cpu-avx2-fma-zen4.jsonl.gz"];
 /// Networks the shipped model was not trained on: the held-out protocol's test networks
 /// (it was trained with `pretrain --exclude-network` of these).
