@@ -170,18 +170,23 @@ fn batch(seed: u64) -> (Vec<String>, Vec<Candidate>) {
     (labels, cands)
 }
 
+/// Measures `cands` (checked against the interpreter) and describes each that failed.
+fn failures(labels: &[String], cands: &[Candidate]) -> Vec<String> {
+    let results = measurer(true).measure(cands);
+    labels
+        .iter()
+        .zip(&results)
+        .filter_map(|(l, r)| r.as_ref().err().map(|e| format!("{l}\n  -> {e}")))
+        .collect()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 4, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn random_schedules_compute_the_operator(seed in any::<u64>()) {
         let (labels, cands) = batch(seed);
-        let results = measurer(true).measure(&cands);
-        let failures: Vec<String> = labels
-            .iter()
-            .zip(&results)
-            .filter_map(|(l, r)| r.as_ref().err().map(|e| format!("{l}\n  -> {e}")))
-            .collect();
+        let failures = failures(&labels, &cands);
         prop_assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
 }
@@ -204,12 +209,7 @@ proptest! {
             labels.push(format!("{w}\n  {trace}"));
             cands.push(Candidate::new(op, trace));
         }
-        let results = measurer(true).measure(&cands);
-        let failures: Vec<String> = labels
-            .iter()
-            .zip(&results)
-            .filter_map(|(l, r)| r.as_ref().err().map(|e| format!("{l}\n  -> {e}")))
-            .collect();
+        let failures = failures(&labels, &cands);
         prop_assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
 }
