@@ -23,7 +23,7 @@ pub fn naive_order(op: &ComputeOp) -> Trace {
     let score = |v: usize| {
         let contiguous = operands
             .iter()
-            .filter(|o| stride(o, v).is_some_and(|s| s.unsigned_abs() <= 1))
+            .filter(|o| o.stride(v).unsigned_abs() <= 1)
             .count();
         (contiguous, vars[v].extent)
     };
@@ -42,18 +42,6 @@ pub fn naive_order(op: &ComputeOp) -> Trace {
     let mut t = Trace::new();
     t.reorder(&order);
     t
-}
-
-/// How many elements apart `o`'s consecutive accesses are along variable `var` (row-major;
-/// `None` on overflow).
-fn stride(o: &Operand, var: usize) -> Option<i64> {
-    let mut stride = 0i64;
-    let mut inner = 1i64;
-    for (e, &extent) in o.indices.iter().zip(&o.tensor.shape).rev() {
-        stride = stride.checked_add(e.coeff(var).checked_mul(inner)?)?;
-        inner = inner.checked_mul(i64::try_from(extent).ok()?)?;
-    }
-    Some(stride)
 }
 
 #[cfg(test)]

@@ -157,6 +157,19 @@ fn many_runs(timeout: Duration) -> tessel_cpu::CpuMeasurer {
     })
 }
 
+/// `kernel` renamed `name`, running the C statements `sleep` before its body: a correct
+/// kernel as slow as wanted.
+fn sleeping_first(kernel: &Kernel, name: &str, sleep: &str) -> Kernel {
+    Kernel {
+        name: name.into(),
+        source: kernel
+            .source
+            .replacen('{', &format!("{{ {sleep}"), 1)
+            .replacen(&kernel.name, name, 1),
+        ..kernel.clone()
+    }
+}
+
 /// The naive loop nest of `op`, ready to measure by hand.
 fn naive_kernel(m: &tessel_cpu::CpuMeasurer, op: &tessel_ir::ComputeOp) -> KernelJob {
     m.prepare(
@@ -380,16 +393,11 @@ fn under_a_loose_budget_the_workers_timeout_censors_the_check_and_keeps_a_slow_t
     let good = naive_kernel(&m, &op);
     // The same correct kernel, sleeping first.
     let sleepy = |name: &str, seconds: u32| {
-        let body = good.kernel.source.replacen(
-            '{',
-            &format!("{{ extern unsigned int sleep(unsigned int); sleep({seconds});"),
-            1,
-        );
-        Kernel {
-            name: name.into(),
-            source: body.replacen(&good.kernel.name, name, 1),
-            ..good.kernel.clone()
-        }
+        sleeping_first(
+            &good.kernel,
+            name,
+            &format!("extern unsigned int sleep(unsigned int); sleep({seconds});"),
+        )
     };
     let job = |kernel: Kernel| {
         Ok(KernelJob {
@@ -429,15 +437,11 @@ fn a_long_checked_run_is_the_whole_measurement() {
     };
     let good = naive_kernel(&measurer(Default::default()), &op);
     // The same correct kernel, taking 0.3 s a run.
-    let slow = Kernel {
-        name: "naps".into(),
-        source: good
-            .kernel
-            .source
-            .replacen('{', "{ extern int usleep(unsigned int); usleep(300000);", 1)
-            .replacen(&good.kernel.name, "naps", 1),
-        ..good.kernel.clone()
-    };
+    let slow = sleeping_first(
+        &good.kernel,
+        "naps",
+        "extern int usleep(unsigned int); usleep(300000);",
+    );
     let job = |budget_s: Option<f64>| {
         Ok(KernelJob {
             op: op.clone(),

@@ -203,19 +203,7 @@ impl fmt::Display for Mapping {
 /// Memory strides (in elements) of each iteration variable in operator input `input`.
 fn strides(op: &ComputeOp, input: usize) -> Vec<i64> {
     let o = &op.inputs[input];
-    let mut dim_stride = vec![1i64; o.tensor.shape.len()];
-    for d in (0..dim_stride.len().saturating_sub(1)).rev() {
-        dim_stride[d] = dim_stride[d + 1] * o.tensor.shape[d + 1] as i64;
-    }
-    (0..op.iter_vars.len())
-        .map(|v| {
-            o.indices
-                .iter()
-                .zip(&dim_stride)
-                .map(|(e, s)| e.coeff(v) * s)
-                .sum()
-        })
-        .collect()
+    (0..op.iter_vars.len()).map(|v| o.stride(v)).collect()
 }
 
 /// Whether input `input`'s affine indices can leave its bounds (convolution padding).

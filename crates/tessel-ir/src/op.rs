@@ -177,6 +177,18 @@ impl Operand {
     pub fn depends_on(&self, var: usize) -> bool {
         self.indices.iter().any(|e| e.depends_on(var))
     }
+
+    /// How many elements apart (row-major) the operand's consecutive accesses are along
+    /// iteration variable `var`; saturates instead of overflowing.
+    pub fn stride(&self, var: usize) -> i64 {
+        let mut stride = 0i64;
+        let mut row = 1i64;
+        for (e, &extent) in self.indices.iter().zip(&self.tensor.shape).rev() {
+            stride = stride.saturating_add(e.coeff(var).saturating_mul(row));
+            row = row.saturating_mul(i64::try_from(extent).unwrap_or(i64::MAX));
+        }
+        stride
+    }
 }
 
 /// An elementwise step applied to each accumulated output value, in order.
@@ -568,5 +580,24 @@ impl fmt::Display for ComputeOp {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Workload;
+
+    #[test]
+    fn operand_strides_follow_the_row_major_layout() {
+        // dense reads W[n, k]: a row apart along n, adjacent along k, not at all along m.
+        let w: Workload = "dense:m=4,n=6,k=8,dtype=f32".parse().expect("spec");
+        let op = w.to_op();
+        let var = |name: &str| op.iter_vars.iter().position(|v| v.name == name).unwrap();
+        let weights = &op.inputs[1];
+        assert_eq!(weights.stride(var("n")), 8);
+        assert_eq!(weights.stride(var("k")), 1);
+        assert_eq!(weights.stride(var("m")), 0);
+        // The output is C[m, n].
+        assert_eq!(op.output.stride(var("m")), 6);
     }
 }

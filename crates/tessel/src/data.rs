@@ -134,6 +134,17 @@ pub enum Label {
     Fastest,
 }
 
+impl Label {
+    /// [`Label::Fastest`] when asked for (`--fastest-run`), else [`Label::Median`].
+    pub fn fastest_if(fastest_run: bool) -> Self {
+        if fastest_run {
+            Label::Fastest
+        } else {
+            Label::Median
+        }
+    }
+}
+
 /// Records -> samples: successful, non-emulated records (of the `only` workloads, where
 /// given), lowered and featurised on the machine that measured them. A task is a workload on
 /// one target and machine.

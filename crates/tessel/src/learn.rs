@@ -156,11 +156,7 @@ pub fn pretrain(o: &PretrainOptions, progress: &mut dyn Progress) -> Result<Pret
     }
     refuse_overwrite(&o.out, o.force)?;
     let only = network_filter_except(&o.networks, &o.exclude_networks)?;
-    let label = if o.fastest_run {
-        Label::Fastest
-    } else {
-        Label::Median
-    };
+    let label = Label::fastest_if(o.fastest_run);
     let data = load_labeled(&o.data, only.as_ref(), label, progress)?;
     let mut model = Model::new(o.architecture.config(WIDTH), o.seed)?;
     let opts = TrainOptions {
@@ -578,11 +574,7 @@ pub fn eval(o: &EvalOptions, progress: &mut dyn Progress) -> Result<EvalReport> 
         (o.data.clone(), o.networks.clone())
     };
     let mut model = load_model(&model_path)?;
-    let label = if o.fastest_run {
-        Label::Fastest
-    } else {
-        Label::Median
-    };
+    let label = Label::fastest_if(o.fastest_run);
     let data = load_labeled(
         &data_files,
         network_filter(&networks)?.as_ref(),
