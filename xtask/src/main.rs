@@ -103,7 +103,15 @@ enum Command {
         #[command(flatten)]
         json: Json,
     },
-    /// Joins dataset shards into one file, each candidate once.
+    /// Measures chosen records of a dataset again (after a code-generation fix, say) and
+    /// appends them: the latest record of a schedule supersedes the older ones.
+    Remeasure {
+        #[command(flatten)]
+        opts: tessel::RemeasureOptions,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Joins dataset shards into one file, each candidate once (its latest record).
     Merge {
         #[arg(long)]
         out: PathBuf,
@@ -276,6 +284,10 @@ fn run(cli: Cli) -> Result<()> {
         Command::Dataset { opts, json } => {
             let report = tessel::dataset(&opts, &mut Bar::new(!json.json))?;
             json.show(&report, |r| print::dataset(r, &opts))?;
+        }
+        Command::Remeasure { opts, json } => {
+            let report = tessel::remeasure(&opts, &mut Bar::new(!json.json))?;
+            json.show(&report, |r| print::remeasure(r, &opts))?;
         }
         Command::Merge { out, inputs } => {
             let n = tessel::merge(&out, &inputs, &mut Bar::new(false))?;

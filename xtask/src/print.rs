@@ -4,7 +4,8 @@ use anyhow::Result;
 use tessel::model::train::Comparison;
 use tessel::{
     BenchReport, DatasetOptions, DatasetReport, Emit, EvalReport, MeasureReport, PretrainReport,
-    SimCheckReport, TransferReport, TuneOptions, TuneReport, TuningRecord,
+    RemeasureOptions, RemeasureReport, SimCheckReport, TransferReport, TuneOptions, TuneReport,
+    TuningRecord,
 };
 
 fn opt(x: Option<f64>, precision: usize) -> String {
@@ -147,6 +148,42 @@ pub fn best(best: &[TuningRecord], emit: Option<Emit>, json: bool) -> Result<()>
         }
     }
     Ok(())
+}
+
+pub fn remeasure(r: &RemeasureReport, opts: &RemeasureOptions) {
+    println!(
+        "{} records selected of {} ({} of another machine left alone), in {} tasks",
+        r.selected,
+        r.records,
+        r.other_machine,
+        r.by_task.len()
+    );
+    for (task, n) in r.by_task.iter().take(10) {
+        println!("  {n:>6}  {task}");
+    }
+    if r.by_task.len() > 10 {
+        println!("  ... and {} more tasks", r.by_task.len() - 10);
+    }
+    if opts.dry_run {
+        println!("dry run: nothing measured");
+        return;
+    }
+    println!(
+        "{} measured again ({} errors), appended to {}, {:.1} s",
+        r.measured,
+        r.errors,
+        r.out.display(),
+        r.seconds
+    );
+    if let Some(g) = r.geomean_ratio {
+        println!("new / old latency: geometric mean {g:.3}; largest changes:");
+    }
+    for c in &r.largest_changes {
+        println!(
+            "  {:>10.4} ms -> {:>10.4} ms  {}",
+            c.old_ms, c.new_ms, c.workload
+        );
+    }
 }
 
 pub fn dataset(r: &DatasetReport, opts: &DatasetOptions) {

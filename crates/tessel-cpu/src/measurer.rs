@@ -405,6 +405,7 @@ impl CpuMeasurer {
                 |m| Measurement {
                     cut_short,
                     allocation_spread: spread_of(medians),
+                    kernel: Some(job.kernel.digest()),
                     ..m
                 },
             )

@@ -240,3 +240,21 @@ fn a_kernel_whose_innermost_loop_strides_a_large_power_of_two_asks_for_a_cheap_v
     .unwrap();
     assert!(!naive.source.contains("very-cheap"), "{}", naive.source);
 }
+
+#[test]
+fn a_kernels_digest_names_its_code_not_its_name() {
+    let catalog = Catalog::default();
+    let op = "gemm:m=64,n=64,k=64,dtype=f32"
+        .parse::<Workload>()
+        .unwrap()
+        .to_op();
+    let program = tessel_ir::Trace::new().lower(&op, &catalog).unwrap();
+    let as_k1 = generate(&program, "tsl_k1", &catalog).unwrap();
+    let as_k7 = generate(&program, "tsl_k7", &catalog).unwrap();
+    assert_ne!(as_k1.source, as_k7.source);
+    assert_eq!(as_k1.digest(), as_k7.digest());
+    assert_eq!(as_k1.digest().len(), 16);
+    // Another schedule of the same operator is other code.
+    let reference = kernel("gemm:m=64,n=64,k=64,dtype=f32", "avx2.vfmadd231ps", true);
+    assert_ne!(reference.digest(), as_k1.digest());
+}

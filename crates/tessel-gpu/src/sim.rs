@@ -490,6 +490,7 @@ impl Measurer for SimMeasurer {
                     cut_short: false,
                     censored: false,
                     allocation_spread: None,
+                    kernel: None,
                 })
             })
             .collect()

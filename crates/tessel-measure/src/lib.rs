@@ -131,6 +131,13 @@ pub struct Measurement {
     /// timing then pools every allocation's runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocation_spread: Option<f64>,
+    /// A digest of the code that was timed (the CPU backend's: FNV-1a of the generated C,
+    /// whatever the kernel's name). When today's code generator makes another digest of the
+    /// same trace, the record describes a kernel that is no longer built (`remeasure
+    /// --changed`). Absent in records measured before digests were recorded, and on backends
+    /// that do not give one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
 }
 
 impl Measurement {
@@ -156,6 +163,7 @@ impl Measurement {
             cut_short: false,
             censored: false,
             allocation_spread: None,
+            kernel: None,
         })
     }
 }

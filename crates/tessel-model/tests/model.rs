@@ -351,6 +351,7 @@ fn the_cost_model_scores_programs_and_learns_online() {
                 cut_short: false,
                 censored: false,
                 allocation_spread: None,
+                kernel: None,
             })
         })
         .collect();

@@ -29,7 +29,7 @@ mod search;
 mod space;
 
 pub use error::SearchError;
-pub use records::{RecordLog, TuningRecord, read_log};
+pub use records::{RecordLog, TuningRecord, read_log, supersede, supersede_by};
 pub use search::{
     Best, CUT_SHORT_FACTOR, CUT_SHORT_FLOOR_S, Progress, RandomModel, SearchOptions, Stats, Task,
     Tuner, cut_short_budget,

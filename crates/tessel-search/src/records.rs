@@ -147,6 +147,26 @@ impl RecordKey {
     }
 }
 
+/// `records` less every record that a later one of the same key (workload, target, machine,
+/// trace) supersedes, in the order of the records kept. Logs are append-only, so a schedule
+/// measured again (`remeasure`, after a code-generation fix) is appended, and readers that
+/// want one label per schedule keep the latest.
+pub fn supersede(records: Vec<TuningRecord>) -> Vec<TuningRecord> {
+    supersede_by(records, |r| r)
+}
+
+/// [`supersede`] over items that each carry a record (with where it was read, say).
+pub fn supersede_by<T>(items: Vec<T>, record: impl Fn(&T) -> &TuningRecord) -> Vec<T> {
+    let mut seen = std::collections::HashSet::new();
+    let mut kept: Vec<T> = items
+        .into_iter()
+        .rev()
+        .filter(|i| seen.insert(record(i).key()))
+        .collect();
+    kept.reverse();
+    kept
+}
+
 /// A line of a log that could not be read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CorruptLine {
@@ -164,6 +184,14 @@ pub struct LogContents {
 }
 
 impl LogContents {
+    /// These contents less superseded records ([`supersede`]).
+    pub fn latest(self) -> LogContents {
+        LogContents {
+            records: supersede(self.records),
+            corrupt: self.corrupt,
+        }
+    }
+
     /// The fastest successful record per (workload, target), in key order.
     pub fn best(&self) -> BTreeMap<(String, String), &TuningRecord> {
         let mut best: BTreeMap<(String, String), &TuningRecord> = BTreeMap::new();

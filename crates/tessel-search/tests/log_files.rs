@@ -4,7 +4,7 @@
 use proptest::prelude::*;
 use tessel_ir::{Trace, Workload};
 use tessel_measure::{HardwareFingerprint, Measurement, Timing};
-use tessel_search::{TuningRecord, read_log};
+use tessel_search::{TuningRecord, read_log, supersede};
 
 fn record() -> TuningRecord {
     let w: Workload = "gemm:m=16,n=16,k=16,dtype=f32".parse().unwrap();
@@ -23,6 +23,7 @@ fn record() -> TuningRecord {
         cut_short: false,
         censored: false,
         allocation_spread: None,
+        kernel: None,
     };
     TuningRecord::new(
         &w,
@@ -71,6 +72,42 @@ fn records_that_contradict_themselves_are_corrupt_lines() {
         assert_eq!(c.corrupt[0].line, 2);
         assert!(c.corrupt[0].last);
     }
+}
+
+#[test]
+fn a_later_record_of_the_same_schedule_supersedes_the_earlier() {
+    let timed = |median_s: f64, trace: Trace| {
+        let mut r = record();
+        r.trace = trace;
+        if let Ok(m) = &mut r.result {
+            m.gflops *= m.timing.median_s / median_s;
+            m.timing.median_s = median_s;
+        }
+        r
+    };
+    let mut split = Trace::new();
+    split.split("n", &[4]);
+    let records = vec![
+        timed(3.0, Trace::new()),
+        timed(5.0, split.clone()),
+        timed(1.0, Trace::new()),
+    ];
+    let kept = supersede(records.clone());
+    // One record per schedule, the latest, in the order of the records kept.
+    assert_eq!(kept, vec![records[1].clone(), records[2].clone()]);
+    // Another machine's record of the same trace is another schedule.
+    let mut elsewhere = timed(2.0, Trace::new());
+    elsewhere.fingerprint.model = "another CPU".into();
+    assert_eq!(supersede(vec![records[0].clone(), elsewhere]).len(), 2);
+    // Readers that want one record per schedule read the log this way.
+    let lines: Vec<String> = records
+        .iter()
+        .map(|r| serde_json::to_string(r).unwrap())
+        .collect();
+    let path = write("superseded", format!("{}\n", lines.join("\n")).as_bytes());
+    let log = read_log(&path).unwrap();
+    assert_eq!(log.records.len(), 3);
+    assert_eq!(log.latest().records.len(), 2);
 }
 
 proptest! {

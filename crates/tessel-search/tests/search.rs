@@ -65,6 +65,7 @@ impl Measurer for FakeMeasurer {
                     cut_short: false,
                     censored: false,
                     allocation_spread: None,
+                    kernel: None,
                 })
             })
             .collect()

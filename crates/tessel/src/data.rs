@@ -8,7 +8,7 @@ use tessel_features::{PRIMITIVE_WIDTH, Target, WIDTH, extract, primitive_tokens}
 use tessel_intrin::Catalog;
 use tessel_ir::{DType, Types, network, network_with_types};
 use tessel_model::{Dataset, Sample};
-use tessel_search::{TuningRecord, read_log};
+use tessel_search::{TuningRecord, read_log, supersede_by};
 
 use crate::error::{Context, Result, bail};
 use crate::progress::Progress;
@@ -189,47 +189,50 @@ fn load_encoded_labeled(
     let mut tasks: BTreeMap<String, usize> = BTreeMap::new();
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); encodings.len()];
     let mut targets: BTreeMap<String, Target> = BTreeMap::new();
-    let (mut records, mut filtered) = (0usize, 0usize);
-    for path in files {
-        for (i, r) in strict_read(path, progress)?.into_iter().enumerate() {
-            records += 1;
-            let Ok(m) = &r.result else { continue };
-            if m.emulated || m.timing.median_s <= 0.0 {
-                continue;
-            }
-            if only.is_some_and(|o| !o.contains(&r.workload)) {
-                filtered += 1;
-                continue;
-            }
-            let at = || format!("{} record {}", path.display(), i + 1);
-            let program = r.program(&catalog).with_context(at)?;
-            let fkey = r.fingerprint.key();
-            if !targets.contains_key(&fkey) {
-                let t = Target::from_fingerprint(&r.fingerprint)
-                    .with_context(|| format!("{}: its machine", at()))?;
-                targets.insert(fkey.clone(), t);
-            }
-            let key = format!("{} @ {} @ {}", r.workload, r.target, fkey);
-            let n = tasks.len();
-            let task = *tasks.entry(key).or_insert(n);
-            for (e, out) in encodings.iter().zip(samples.iter_mut()) {
-                let tokens = match e {
-                    Encoding::Allocation => {
-                        extract(&program, &targets[&fkey])
-                            .with_context(|| format!("{}: features", at()))?
-                            .tokens
-                    }
-                    Encoding::Primitives => primitive_tokens(&r.trace),
-                };
-                out.push(Sample {
-                    task,
-                    tokens,
-                    latency: match label {
-                        Label::Median => m.timing.median_s,
-                        Label::Fastest => m.timing.min_s,
-                    },
-                });
-            }
+    let (records, superseded) = latest_records(files, progress)?;
+    if superseded > 0 {
+        progress.note(&format!(
+            "note: {superseded} records left out: the same schedules were measured again later (remeasure)"
+        ));
+    }
+    let (records_len, mut filtered) = (records.len() + superseded, 0usize);
+    for (path, i, r) in records {
+        let Ok(m) = &r.result else { continue };
+        if m.emulated || m.timing.median_s <= 0.0 {
+            continue;
+        }
+        if only.is_some_and(|o| !o.contains(&r.workload)) {
+            filtered += 1;
+            continue;
+        }
+        let at = || format!("{} record {}", path.display(), i + 1);
+        let program = r.program(&catalog).with_context(at)?;
+        let fkey = r.fingerprint.key();
+        if !targets.contains_key(&fkey) {
+            let t = Target::from_fingerprint(&r.fingerprint)
+                .with_context(|| format!("{}: its machine", at()))?;
+            targets.insert(fkey.clone(), t);
+        }
+        let key = format!("{} @ {} @ {}", r.workload, r.target, fkey);
+        let n = tasks.len();
+        let task = *tasks.entry(key).or_insert(n);
+        for (e, out) in encodings.iter().zip(samples.iter_mut()) {
+            let tokens = match e {
+                Encoding::Allocation => {
+                    extract(&program, &targets[&fkey])
+                        .with_context(|| format!("{}: features", at()))?
+                        .tokens
+                }
+                Encoding::Primitives => primitive_tokens(&r.trace),
+            };
+            out.push(Sample {
+                task,
+                tokens,
+                latency: match label {
+                    Label::Median => m.timing.median_s,
+                    Label::Fastest => m.timing.min_s,
+                },
+            });
         }
     }
     let samples_len = samples.first().map_or(0, Vec::len);
@@ -241,7 +244,7 @@ fn load_encoded_labeled(
     }
     if samples_len == 0 {
         bail!(
-            "no successful measurement in {} ({records} records)",
+            "no successful measurement in {} ({records_len} records)",
             display(files)
         );
     }
@@ -258,6 +261,27 @@ fn load_encoded_labeled(
         out.push(Dataset::new(keys.clone(), samples, width)?);
     }
     Ok(out)
+}
+
+/// A record with the file it was read from and its 0-based position there.
+type Located<'a> = (&'a Path, usize, TuningRecord);
+
+/// Every record of `files` with where it was read, less those a later record of the same
+/// schedule supersedes (in any of the files, read in order); and how many were.
+fn latest_records<'a>(
+    files: &'a [PathBuf],
+    progress: &mut dyn Progress,
+) -> Result<(Vec<Located<'a>>, usize)> {
+    let mut all = Vec::new();
+    for path in files {
+        for (i, r) in strict_read(path, progress)?.into_iter().enumerate() {
+            all.push((path.as_path(), i, r));
+        }
+    }
+    let read = all.len();
+    let kept = supersede_by(all, |(_, _, r)| r);
+    let superseded = read - kept.len();
+    Ok((kept, superseded))
 }
 
 /// Paths joined for messages.

@@ -600,21 +600,17 @@ fn search_model(
     Ok(Box::new(RandomModel::new(o.seed)))
 }
 
-/// Joins dataset shards into the new file `out`, each candidate once; returns the number of
-/// records written.
+/// Joins dataset shards into the new file `out`, each candidate once (its latest record, the
+/// inputs read in order); returns the number of records written.
 pub fn merge(out: &Path, inputs: &[PathBuf], progress: &mut dyn Progress) -> Result<usize> {
     if inputs.is_empty() {
         bail!("give the shard files to merge");
     }
-    let mut seen = HashSet::new();
     let mut all = Vec::new();
     for path in inputs {
-        for r in strict_read(path, progress)? {
-            if seen.insert(r.key()) {
-                all.push(r);
-            }
-        }
+        all.extend(strict_read(path, progress)?);
     }
+    let all = tessel_search::supersede(all);
     if out.exists() {
         bail!("{} exists; merge writes a new file", out.display());
     }

@@ -6,7 +6,8 @@
 //!
 //! - [`tune`]: search the schedule space of a workload or a network on a [`Target`], rank
 //!   candidates with the learned cost model, measure the best, log every record.
-//! - [`dataset`] and [`merge`]: random schedules of every task, measured, as records.
+//! - [`dataset`] and [`merge`]: random schedules of every task, measured, as records;
+//!   [`remeasure`]: chosen records measured again, superseding the old ones.
 //! - [`pretrain`], [`transfer`] and [`eval`]: the attention cost model on those records.
 //! - [`measure`], [`bench_cpu`], [`best`], [`emit`], [`sim_check`]: one schedule, the
 //!   reference kernels beside oneDNN, the best of a log and its code, the GPU model's ranking.
@@ -47,6 +48,7 @@ mod learn;
 mod measure;
 mod plot;
 mod progress;
+mod remeasure;
 mod simcheck;
 mod target;
 mod tune;
@@ -67,6 +69,7 @@ pub use learn::{
 };
 pub use measure::{MeasureOptions, MeasureReport, generated_c, measure, schedule_of};
 pub use progress::{NoProgress, Notes, Progress};
+pub use remeasure::{Change, RemeasureOptions, RemeasureReport, remeasure};
 pub use simcheck::{SimCheckReport, sim_check};
 pub use target::{Peaks, Target, TargetOptions, TargetSpec, cpu_measurer, instruction_of};
 pub use tune::{

@@ -570,9 +570,11 @@ pub(crate) fn shipped_model(progress: &mut dyn Progress) -> Option<(String, tess
     }
 }
 
-/// Reads a tuning log, noting each corrupt line it skips.
+/// Reads a tuning log, noting each corrupt line it skips. Superseded records (the same
+/// schedule measured again later in the log) are left out: one record per schedule, the
+/// latest.
 pub fn read_log_noting(path: &Path, progress: &mut dyn Progress) -> Result<LogContents> {
-    let contents = read_log(path)?;
+    let contents = read_log(path)?.latest();
     for c in &contents.corrupt {
         progress.note(&format!(
             "warning: {}:{}: skipped a corrupt record ({})",

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use tessel::{
     Architecture, DatasetOptions, Emit, EvalOptions, HeldOutOptions, ModelChoice, NoProgress,
-    Notes, PretrainOptions, TargetSpec, TransferOptions, TuneOptions,
+    Notes, PretrainOptions, RemeasureOptions, TargetSpec, TransferOptions, TuneOptions,
 };
 
 /// Test harnesses cannot serve as workers: the façade's worker binary does.
@@ -153,6 +153,105 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
     assert!(transfer.validation.is_none());
     assert_eq!(transfer.chosen, "pretrained");
     assert_eq!(transfer.after.model, transfer.before.model);
+}
+
+#[test]
+fn remeasure_supersedes_the_chosen_records_and_resumes() {
+    let dir = fresh_dir("lib-remeasure");
+    let data = dir.join("a.jsonl");
+    let o = DatasetOptions {
+        per_task: 6,
+        search_share: 0.0,
+        ..dataset_options("avx2-fma", data.clone())
+    };
+    assert_eq!(tessel::dataset(&o, &mut NoProgress).unwrap().measured, 6);
+    let text = std::fs::read_to_string(&data).unwrap();
+    // Records carry the digest of the kernel they timed.
+    assert_eq!(text.matches(r#""kernel":""#).count(), 6, "{text}");
+    let options = |out: &str| RemeasureOptions {
+        dataset: data.clone(),
+        out: Some(dir.join(out)),
+        worker_exe: worker(),
+        threads: 1,
+        ..RemeasureOptions::default()
+    };
+
+    // Nothing named, nothing measured; a compressed output cannot be appended to.
+    let e = tessel::remeasure(&options("re.jsonl"), &mut NoProgress).unwrap_err();
+    assert!(e.to_string().contains("--all"), "{e}");
+    let gz = RemeasureOptions {
+        all: true,
+        ..options("re.jsonl.gz")
+    };
+    let e = tessel::remeasure(&gz, &mut NoProgress).unwrap_err();
+    assert!(e.to_string().contains("compressed"), "{e}");
+
+    // Today's code generator builds what these records timed: nothing changed.
+    let changed = RemeasureOptions {
+        changed: true,
+        ..options("re.jsonl")
+    };
+    assert_eq!(
+        tessel::remeasure(&changed, &mut NoProgress)
+            .unwrap()
+            .selected,
+        0
+    );
+    // A record whose digest names other code is selected.
+    let forged = dir.join("forged.jsonl");
+    let first = text.lines().next().unwrap();
+    let at = first.find(r#""kernel":""#).unwrap() + r#""kernel":""#.len();
+    let other = format!("{}{}{}", &first[..at], "0".repeat(16), &first[at + 16..]);
+    std::fs::write(&forged, format!("{other}\n")).unwrap();
+    let dry = RemeasureOptions {
+        dataset: forged,
+        dry_run: true,
+        ..changed.clone()
+    };
+    let r = tessel::remeasure(&dry, &mut NoProgress).unwrap();
+    assert_eq!((r.selected, r.measured), (1, 0));
+    // Selecting by the generated text.
+    let text_of = |t: &str| RemeasureOptions {
+        source_contains: Some(t.into()),
+        dry_run: true,
+        ..options("re.jsonl")
+    };
+    let all = tessel::remeasure(&text_of("void kernel("), &mut NoProgress).unwrap();
+    assert_eq!(all.selected, 6);
+    let none = tessel::remeasure(&text_of("no such text"), &mut NoProgress).unwrap();
+    assert_eq!(none.selected, 0);
+
+    // Everything measured before now, measured again; a rerun has nothing left to do (the
+    // new records are later).
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let before = RemeasureOptions {
+        before: Some(now),
+        ..options("re.jsonl")
+    };
+    let r = tessel::remeasure(&before, &mut NoProgress).unwrap();
+    assert_eq!((r.selected, r.measured, r.other_machine), (6, 6, 0));
+    assert!(r.geomean_ratio.is_some_and(|g| g > 0.0), "{r:?}");
+    let again = tessel::remeasure(&before, &mut NoProgress).unwrap();
+    assert_eq!((again.selected, again.measured), (0, 0));
+
+    // Readers keep the latest record of each schedule.
+    let mut notes = Notes::default();
+    let loaded = tessel::load(&[data.clone(), dir.join("re.jsonl")], None, &mut notes).unwrap();
+    assert!(loaded.samples.len() <= 6);
+    assert!(
+        notes.0.iter().any(|n| n.contains("6 records left out")),
+        "{notes:?}"
+    );
+    let merged = dir.join("merged.jsonl");
+    let n = tessel::merge(&merged, &[data, dir.join("re.jsonl")], &mut NoProgress).unwrap();
+    assert_eq!(n, 6);
+    assert_eq!(
+        std::fs::read_to_string(&merged).unwrap(),
+        std::fs::read_to_string(dir.join("re.jsonl")).unwrap()
+    );
 }
 
 #[test]
@@ -366,6 +465,7 @@ fn log_records_whose_trace_does_not_replay_are_not_trials() {
             cut_short: false,
             censored: false,
             allocation_spread: None,
+            kernel: None,
         }),
     );
     tessel::search::RecordLog::open(&log)

@@ -65,6 +65,20 @@ pub struct Kernel {
     pub intrinsics: BTreeSet<String>,
 }
 
+impl Kernel {
+    /// FNV-1a (64 bits, hex) of the source with the kernel's name made neutral: the same
+    /// code gives the same digest under any name, and a record keeps it
+    /// (`Measurement::kernel`) to tell later whether today's code generator still builds
+    /// what was timed. FNV, not `std`'s hasher, because records outlive Rust releases.
+    pub fn digest(&self) -> String {
+        let neutral = self.source.replace(self.name.as_str(), "kernel");
+        let h = neutral.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        format!("{h:016x}")
+    }
+}
+
 /// Generates the C function `name` for `program`.
 pub fn generate(program: &Program, name: &str, catalog: &Catalog) -> Result<Kernel, CodegenError> {
     let mut g = Gen::new(program, catalog)?;
