@@ -42,6 +42,23 @@ pub fn top_k_score(tasks: &[Ranked], k: usize) -> f64 {
     }
 }
 
+/// The mean over tasks of `best_t / chosen_t` for the k highest-ranked: each task counts
+/// the same, so no single heavy task decides it (the top-k score weighs by latency). 1.0 is
+/// perfect; 0.0 without tasks.
+pub fn top_k_task_mean(tasks: &[Ranked], k: usize) -> f64 {
+    let ratios: Vec<f64> = tasks
+        .iter()
+        .filter_map(|t| best_and_chosen(t, k))
+        .filter(|(_, chosen)| *chosen > 0.0)
+        .map(|(best, chosen)| best / chosen)
+        .collect();
+    if ratios.is_empty() {
+        0.0
+    } else {
+        ratios.iter().sum::<f64>() / ratios.len() as f64
+    }
+}
+
 /// A task's best latency and the best among the ranking's k highest-scored candidates
 /// (`None` for a task without candidates).
 pub fn best_and_chosen(t: &Ranked, k: usize) -> Option<(f64, f64)> {
@@ -334,6 +351,20 @@ mod tests {
         assert_eq!(top1_loss_shares(&tasks), vec![1.0, 0.0]);
         assert_eq!(best_and_chosen(&tasks[0], 1), Some((1.0, 2.0)));
         assert_eq!(top1_loss_shares(&tasks[1..]), vec![0.0]);
+    }
+
+    #[test]
+    fn the_task_mean_gives_a_heavy_task_no_more_say_than_a_light_one() {
+        // A heavy task picked 4x off its best, beside three light tasks picked perfectly.
+        let heavy = task(&[0.9, 0.1], &[4.0, 1.0]);
+        let light = task(&[0.9, 0.1], &[0.001, 0.002]);
+        let tasks = vec![heavy, light.clone(), light.clone(), light];
+        // Latency-weighted: (1 + 3 * 0.001) / (4 + 3 * 0.001), about 0.25.
+        assert!((top_k_score(&tasks, 1) - 1.003 / 4.003).abs() < 1e-12);
+        // Per task: (0.25 + 1 + 1 + 1) / 4.
+        assert!((top_k_task_mean(&tasks, 1) - 3.25 / 4.0).abs() < 1e-12);
+        assert_eq!(top_k_task_mean(&tasks, 2), 1.0);
+        assert_eq!(top_k_task_mean(&[], 1), 0.0);
     }
 
     #[test]

@@ -76,7 +76,8 @@ pub struct RemeasureReport {
     pub measured: usize,
     /// Of which failed.
     pub errors: usize,
-    /// Geometric mean of new / old latency over the pairs where both succeeded.
+    /// Geometric mean of new / old latency over the pairs where both succeeded and neither
+    /// was censored (a lower bound).
     pub geomean_ratio: Option<f64>,
     /// The largest changes, old and new median latency in ms, largest |log ratio| first.
     pub largest_changes: Vec<Change>,
@@ -252,8 +253,11 @@ pub fn remeasure(o: &RemeasureOptions, progress: &mut dyn Progress) -> Result<Re
         let mut records = Vec::with_capacity(chunk.len());
         for (old, result) in chunk.iter().zip(results) {
             report.errors += usize::from(result.is_err());
+            // Censored timings are lower bounds (at another deadline before): no ratio.
             if let (Some(before), Ok(after)) = (old.latency(), &result)
+                && old.result.as_ref().is_ok_and(|m| !m.censored)
                 && !after.emulated
+                && !after.censored
                 && before > 0.0
             {
                 let change = Change {
