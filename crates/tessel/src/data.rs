@@ -268,7 +268,7 @@ type Located<'a> = (&'a Path, usize, TuningRecord);
 
 /// Every record of `files` with where it was read, less those a later record of the same
 /// schedule supersedes (in any of the files, read in order); and how many were.
-fn latest_records<'a>(
+pub(crate) fn latest_records<'a>(
     files: &'a [PathBuf],
     progress: &mut dyn Progress,
 ) -> Result<(Vec<Located<'a>>, usize)> {

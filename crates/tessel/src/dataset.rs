@@ -15,7 +15,7 @@ use tessel_search::{
     InstructionSet, RandomModel, RecordLog, SearchOptions, Space, Task, Tuner, TuningRecord,
 };
 
-use crate::data::strict_read;
+use crate::data::latest_records;
 use crate::error::{Context, Result, bail};
 use crate::progress::Progress;
 use crate::target::{Target, TargetOptions, TargetSpec, cpu_measurer};
@@ -606,11 +606,8 @@ pub fn merge(out: &Path, inputs: &[PathBuf], progress: &mut dyn Progress) -> Res
     if inputs.is_empty() {
         bail!("give the shard files to merge");
     }
-    let mut all = Vec::new();
-    for path in inputs {
-        all.extend(strict_read(path, progress)?);
-    }
-    let all = tessel_search::supersede(all);
+    let (latest, _) = latest_records(inputs, progress)?;
+    let all: Vec<TuningRecord> = latest.into_iter().map(|(_, _, r)| r).collect();
     if out.exists() {
         bail!("{} exists; merge writes a new file", out.display());
     }
