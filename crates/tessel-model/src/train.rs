@@ -419,15 +419,15 @@ pub fn train(
         // pairwise accuracy. The latency-weighted top-k scores swing with the one heaviest
         // validation task (0.29 to 0.74 between epochs on 23 tasks); per-task means do not.
         // Without a split, the last epoch is kept.
-        let criterion = match (&ranked, val) {
-            (Some(tasks), Some(m)) => {
+        let criterion = ranked
+            .as_deref()
+            .zip(val)
+            .map_or(epoch as f64, |(tasks, m)| {
                 (metrics::top_k_task_mean(tasks, 1)
                     + metrics::top_k_task_mean(tasks, 5)
                     + m.pairwise_accuracy)
                     / 3.0
-            }
-            _ => epoch as f64,
-        };
+            });
         report.epochs.push(e);
         if best.as_ref().is_none_or(|(b, _)| criterion > *b) {
             best = Some((criterion, model.params.snapshot()?));
