@@ -185,6 +185,30 @@ fn remeasure_supersedes_the_chosen_records_and_resumes() {
     };
     let e = tessel::remeasure(&gz, &mut NoProgress).unwrap_err();
     assert!(e.to_string().contains("compressed"), "{e}");
+    // A time that is no time, empty text and a missing dataset are errors that name them.
+    let nan = RemeasureOptions {
+        before: Some(f64::NAN),
+        ..options("re.jsonl")
+    };
+    let e = tessel::remeasure(&nan, &mut NoProgress).unwrap_err();
+    assert!(e.to_string().contains("--before"), "{e}");
+    let empty = RemeasureOptions {
+        source_contains: Some(String::new()),
+        ..options("re.jsonl")
+    };
+    let e = tessel::remeasure(&empty, &mut NoProgress).unwrap_err();
+    assert!(e.to_string().contains("--source-contains"), "{e}");
+    let missing = RemeasureOptions {
+        dataset: dir.join("missing.jsonl"),
+        all: true,
+        ..options("re.jsonl")
+    };
+    let e = tessel::remeasure(&missing, &mut NoProgress).unwrap_err();
+    assert!(e.to_string().contains("no such dataset"), "{e}");
+    assert!(
+        !dir.join("re.jsonl").exists(),
+        "a refused run wrote nothing"
+    );
 
     // Today's code generator builds what these records timed: nothing changed.
     let changed = RemeasureOptions {
