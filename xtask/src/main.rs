@@ -149,6 +149,15 @@ enum Command {
         #[command(flatten)]
         json: Json,
     },
+    /// What the cost model buys the search: tunes each task with the model and at random
+    /// (several seeds, a log per run in --out; a rerun resumes) and reports the trials each
+    /// needed to reach 95% of the best, and the best each found at equal trials.
+    SearchEval {
+        #[command(flatten)]
+        opts: tessel::SearchEvalOptions,
+        #[command(flatten)]
+        json: Json,
+    },
     /// How well the analytical GPU model (sim:DEVICE) ranks measured GPU records: top-k,
     /// pairwise accuracy and Kendall tau per workload, beside a random ranking.
     SimCheck {
@@ -288,6 +297,10 @@ fn run(cli: Cli) -> Result<()> {
         Command::Remeasure { opts, json } => {
             let report = tessel::remeasure(&opts, &mut Bar::new(!json.json))?;
             json.show(&report, |r| print::remeasure(r, &opts))?;
+        }
+        Command::SearchEval { opts, json } => {
+            let report = tessel::search_eval(&opts, &mut Bar::new(!json.json))?;
+            json.show(&report, print::search_eval)?;
         }
         Command::Merge { out, inputs } => {
             let n = tessel::merge(&out, &inputs, &mut Bar::new(false))?;

@@ -4,8 +4,8 @@ use anyhow::Result;
 use tessel::model::train::Comparison;
 use tessel::{
     BenchReport, DatasetOptions, DatasetReport, Emit, EvalReport, MeasureReport, PretrainReport,
-    RemeasureOptions, RemeasureReport, SimCheckReport, TransferReport, TuneOptions, TuneReport,
-    TuningRecord,
+    RemeasureOptions, RemeasureReport, SearchEvalReport, SimCheckReport, TransferReport,
+    TuneOptions, TuneReport, TuningRecord,
 };
 
 fn opt(x: Option<f64>, precision: usize) -> String {
@@ -148,6 +148,59 @@ pub fn best(best: &[TuningRecord], emit: Option<Emit>, json: bool) -> Result<()>
         }
     }
     Ok(())
+}
+
+pub fn search_eval(r: &SearchEvalReport) {
+    println!(
+        "{} against random, {} trials, {} seeds each (population {}, {} generations): trials to {:.0}% of the best any run found",
+        r.model,
+        r.trials,
+        r.seeds,
+        r.population,
+        r.generations,
+        100.0 * r.threshold
+    );
+    println!(
+        "{:>9} {:>13} {:>13} {:>9} {:>17} {:>17}  workload",
+        "best", "model trials", "random trials", "ratio", "final model/rand", "to random's best"
+    );
+    for t in &r.tasks {
+        // A run that missed counts as all its trials: mark the mean as a lower bound.
+        let mark = |missed: usize| if missed > 0 { ">=" } else { "" };
+        println!(
+            "{:>9.1} {:>13} {:>13} {:>9} {:>8.1}/{:<8.1} {:>8.1}/{:<8.1}  {}",
+            t.best_gflops,
+            format!("{}{:.1}", mark(t.missed.0), t.model_trials),
+            format!("{}{:.1}", mark(t.missed.1), t.random_trials),
+            if t.model_trials > 0.0 {
+                format!("{:.2}x", t.random_trials / t.model_trials)
+            } else {
+                "-".into()
+            },
+            t.final_gflops.0,
+            t.final_gflops.1,
+            t.to_random_best.0,
+            t.to_random_best.1,
+            t.workload
+        );
+    }
+    match r.trials_ratio {
+        Some(x) => println!(
+            "to {:.0}% of the best: random needs {x:.2}x the model's trials (summed over tasks; a run that missed counts as {} trials)",
+            100.0 * r.threshold,
+            r.trials
+        ),
+        None => println!("no task has a valid candidate"),
+    }
+    if let Some(x) = r.random_best_ratio {
+        let missed: usize = r.tasks.iter().map(|t| t.to_random_best_missed).sum();
+        println!(
+            "to random's own final best: random needs {x:.2}x the model's trials (summed over tasks; the model missed it in {missed} pairs)"
+        );
+    }
+    for (at, ratio) in &r.best_ratio_at {
+        println!("after {at} trials the model's best is {ratio:.3}x random's (geometric mean)");
+    }
 }
 
 pub fn remeasure(r: &RemeasureReport, opts: &RemeasureOptions) {

@@ -94,6 +94,30 @@ fn out_of_range_options_are_refused_before_any_work() {
             "measure-batch",
         ),
         (
+            vec!["tune", "--workload", w, "--population", "1000000"],
+            "population 1000000 is more than 65536",
+        ),
+        (
+            vec!["tune", "--workload", w, "--generations", "65"],
+            "generations 65 is more than 64",
+        ),
+        (
+            vec![
+                "search-eval",
+                "--workload",
+                w,
+                "--out",
+                "se",
+                "--threshold",
+                "2",
+            ],
+            "--threshold 2",
+        ),
+        (
+            vec!["search-eval", "--out", "se", "--tasks", "3"],
+            "give --network",
+        ),
+        (
             vec!["tune", "--workload", w, "--instructions", "avx9"],
             "`avx9` is not a CPU instruction",
         ),

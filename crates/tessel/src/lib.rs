@@ -49,6 +49,7 @@ mod measure;
 mod plot;
 mod progress;
 mod remeasure;
+mod searcheval;
 mod simcheck;
 mod target;
 mod tune;
@@ -70,6 +71,10 @@ pub use learn::{
 pub use measure::{MeasureOptions, MeasureReport, generated_c, measure, schedule_of};
 pub use progress::{NoProgress, Notes, Progress};
 pub use remeasure::{Change, RemeasureOptions, RemeasureReport, remeasure};
+pub use searcheval::{
+    Ranking, SearchEvalOptions, SearchEvalReport, SearchRun, SearchTask, best_so_far, search_eval,
+    trials_to_reach,
+};
 pub use simcheck::{SimCheckReport, sim_check};
 pub use target::{Peaks, Target, TargetOptions, TargetSpec, cpu_measurer, instruction_of};
 pub use tune::{

@@ -87,6 +87,9 @@ pub struct TuneOptions {
     /// Sketches per generation of the evolutionary search.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 64))]
     pub population: usize,
+    /// Generations of mutation and ranking per round (Ansor's evolutionary search runs 4).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 2))]
+    pub generations: usize,
     /// Candidates measured per round.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 16))]
     pub measure_batch: usize,
@@ -119,6 +122,7 @@ impl TuneOptions {
             seed: 1,
             threads: 1,
             population: 64,
+            generations: 2,
             measure_batch: 16,
             epsilon: 0.2,
             instructions: Vec::new(),
@@ -364,7 +368,7 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
     let model_name = model.name();
     let search = SearchOptions {
         population: opts.population,
-        generations: 2,
+        generations: opts.generations,
         batch: opts.measure_batch,
         epsilon: opts.epsilon,
         seed: opts.seed,
@@ -515,6 +519,12 @@ fn remeasure(
     Ok(())
 }
 
+/// The largest population `tune` accepts: every sketch of a generation is lowered and
+/// featurised, so a million would hold gigabytes.
+pub const MAX_POPULATION: usize = 65_536;
+/// The most generations per round `tune` accepts.
+pub const MAX_GENERATIONS: usize = 64;
+
 /// Refuses search settings that cannot work, naming the option and the range.
 fn check_search_options(o: &TuneOptions) -> Result<()> {
     if o.trials == 0 {
@@ -522,6 +532,18 @@ fn check_search_options(o: &TuneOptions) -> Result<()> {
     }
     if o.population == 0 {
         bail!("population must be at least 1");
+    }
+    if o.population > MAX_POPULATION {
+        bail!(
+            "population {} is more than {MAX_POPULATION} sketches per generation",
+            o.population
+        );
+    }
+    if o.generations > MAX_GENERATIONS {
+        bail!(
+            "generations {} is more than {MAX_GENERATIONS} per round",
+            o.generations
+        );
     }
     if o.measure_batch == 0 {
         bail!("measure-batch must be at least 1");

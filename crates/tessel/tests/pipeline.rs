@@ -601,3 +601,133 @@ fn held_out_networks_are_never_trained_on_and_are_scored_per_network() {
     .unwrap_err();
     assert!(e.to_string().contains("nothing to train on"), "{e}");
 }
+
+#[test]
+fn search_eval_tunes_with_the_model_and_at_random_and_reports_from_the_logs() {
+    let dir = fresh_dir("lib-search-eval");
+    let out = dir.join("runs");
+    let opts = tessel::SearchEvalOptions {
+        trials: 4,
+        seeds: 1,
+        worker_exe: worker(),
+        ..tessel::SearchEvalOptions::new(
+            vec!["gemm:m=32,n=32,k=32,dtype=f32".parse().unwrap()],
+            out.clone(),
+        )
+    };
+    let report = tessel::search_eval(&opts, &mut NoProgress).unwrap();
+    assert_eq!(report.tasks.len(), 1);
+    let task = &report.tasks[0];
+    assert_eq!(task.runs.len(), 2);
+    assert!(task.best_gflops > 0.0, "{task:?}");
+    for run in &task.runs {
+        assert_eq!(run.trials, 4, "{run:?}");
+        assert_eq!(
+            std::fs::read_to_string(&run.log).unwrap().lines().count(),
+            4
+        );
+        assert!(run.wall_s.is_some());
+        // Best-so-far never falls.
+        assert!(run.best_so_far.windows(2).all(|w| w[0] <= w[1]));
+    }
+    // The run that found the best reached 95% of it.
+    assert!(task.runs.iter().any(|r| r.trials_to_threshold.is_some()));
+    assert!(report.trials_ratio.is_some_and(|x| x > 0.0));
+
+    // A rerun resumes: nothing measured, the same figures from the logs.
+    let again = tessel::search_eval(&opts, &mut NoProgress).unwrap();
+    assert_eq!(again.tasks[0].best_gflops, task.best_gflops);
+    assert!(again.tasks[0].runs.iter().all(|r| r.wall_s.is_none()));
+    let only = tessel::search_eval(
+        &tessel::SearchEvalOptions {
+            report_only: true,
+            ..opts.clone()
+        },
+        &mut NoProgress,
+    )
+    .unwrap();
+    assert_eq!(only.trials_ratio, report.trials_ratio);
+
+    // Other settings in the same directory would mix two searches in one report.
+    let e = tessel::search_eval(
+        &tessel::SearchEvalOptions {
+            population: 32,
+            ..opts.clone()
+        },
+        &mut NoProgress,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("population 64 there, 32 here"), "{e}");
+    let e = tessel::search_eval(
+        &tessel::SearchEvalOptions {
+            report_only: true,
+            out: dir.join("nothing-here"),
+            ..opts.clone()
+        },
+        &mut NoProgress,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("holds no search-eval runs"), "{e}");
+}
+
+#[test]
+fn search_eval_refuses_settings_that_cannot_compare_and_names_them() {
+    let dir = fresh_dir("lib-search-eval-bad");
+    let base = tessel::SearchEvalOptions {
+        worker_exe: worker(),
+        ..tessel::SearchEvalOptions::new(
+            vec!["gemm:m=32,n=32,k=32,dtype=f32".parse().unwrap()],
+            dir.join("runs"),
+        )
+    };
+    let err = |o: tessel::SearchEvalOptions| {
+        tessel::search_eval(&o, &mut NoProgress)
+            .unwrap_err()
+            .to_string()
+    };
+    let e = err(tessel::SearchEvalOptions {
+        model: ModelChoice::Random,
+        ..base.clone()
+    });
+    assert!(e.contains("random is the baseline"), "{e}");
+    let e = err(tessel::SearchEvalOptions {
+        threshold: 1.5,
+        ..base.clone()
+    });
+    assert!(e.contains("--threshold 1.5"), "{e}");
+    let e = err(tessel::SearchEvalOptions {
+        seeds: 0,
+        ..base.clone()
+    });
+    assert!(e.contains("--seeds"), "{e}");
+    let e = err(tessel::SearchEvalOptions {
+        workloads: Vec::new(),
+        ..base.clone()
+    });
+    assert!(e.contains("--workload") && e.contains("--network"), "{e}");
+    let e = err(tessel::SearchEvalOptions {
+        tasks: Some(2),
+        ..base.clone()
+    });
+    assert!(e.contains("give --network"), "{e}");
+    let e = err(tessel::SearchEvalOptions {
+        workloads: Vec::new(),
+        network: Some("resnet51".into()),
+        ..base.clone()
+    });
+    assert!(e.contains("resnet51"), "{e}");
+    // A model file that is not one fails before anything is measured.
+    let bogus = dir.join("bogus.safetensors");
+    std::fs::write(&bogus, b"not a model").unwrap();
+    let e = err(tessel::SearchEvalOptions {
+        model: ModelChoice::File(bogus),
+        ..base.clone()
+    });
+    assert!(e.contains("bogus"), "{e}");
+    assert!(
+        !dir.join("runs").exists(),
+        "a refused evaluation creates nothing"
+    );
+}
