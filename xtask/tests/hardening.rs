@@ -98,6 +98,10 @@ fn out_of_range_options_are_refused_before_any_work() {
             "population 1000000 is more than 65536",
         ),
         (
+            vec!["tune", "--workload", w, "--crossover", "1.5"],
+            "crossover 1.5 is not a share",
+        ),
+        (
             vec!["tune", "--workload", w, "--generations", "65"],
             "generations 65 is more than 64",
         ),

@@ -53,6 +53,9 @@ pub struct SearchOptions {
     pub batch: usize,
     /// Share of each batch drawn at random instead of by score.
     pub epsilon: f64,
+    /// Share of each generation's children bred by crossover of two parents
+    /// ([`crate::Space::crossover`]) instead of mutating one.
+    pub crossover: f64,
     pub seed: u64,
 }
 
@@ -63,6 +66,7 @@ impl Default for SearchOptions {
             generations: 2,
             batch: 16,
             epsilon: 0.2,
+            crossover: 0.0,
             seed: 1,
         }
     }
@@ -386,7 +390,16 @@ impl<'a> Tuner<'a> {
                         break;
                     }
                     let parent = &parents[self.rng.below(parents.len() as u64) as usize];
-                    let child = task.space.mutate(parent, &mut self.rng);
+                    // No draw at a share of 0, so such a run replays those before crossover.
+                    let child = if self.opts.crossover > 0.0
+                        && parents.len() > 1
+                        && self.rng.unit() < self.opts.crossover
+                    {
+                        let other = &parents[self.rng.below(parents.len() as u64) as usize];
+                        task.space.crossover(parent, other, &mut self.rng)
+                    } else {
+                        task.space.mutate(parent, &mut self.rng)
+                    };
                     if let Some(p) = self.valid(task, child) {
                         pool.push(p);
                     }

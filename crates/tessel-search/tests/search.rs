@@ -271,9 +271,66 @@ fn sampled_and_mutated_schedules_agree(
             let err = got.max_relative_error(&want);
             prop_assert!(err < tolerance, "{spec}: error {err}\n{trace}");
         }
-        s = space.mutate(&s, &mut rng);
+        // Alternately a mutation and a crossover with a fresh sample (or its mutation,
+        // which shares the mapping more often).
+        s = if rng.chance(50) {
+            space.mutate(&s, &mut rng)
+        } else {
+            let other = space.sample(&mut rng);
+            let other = space.mutate(&other, &mut rng);
+            space.crossover(&s, &other, &mut rng)
+        };
     }
     Ok(())
+}
+
+#[test]
+fn crossover_takes_each_group_of_parameters_from_one_parent() {
+    let op = "gemm:m=64,n=64,k=64,dtype=f32"
+        .parse::<Workload>()
+        .unwrap()
+        .to_op();
+    let space = Space::new(&op, &all_cpu());
+    let mut rng = Rng::new(7);
+    let seeds = space.seeds();
+    let (a, b) = (&seeds[0], &seeds[1]);
+    // The classic and the BLIS seed of one instruction share its mapping.
+    let fields = |s: &Sketch| match s {
+        Sketch::Tensorized {
+            mapping,
+            mr,
+            nr,
+            kc,
+            mc,
+            nc,
+            ..
+        } => (*mapping, (*mr, *nr), *kc, (*mc, *nc)),
+        other => panic!("not a tensorized seed: {other:?}"),
+    };
+    let (fa, fb) = (fields(a), fields(b));
+    assert_eq!(fa.0, fb.0);
+    assert_ne!(fa, fb);
+    let mut children = HashSet::new();
+    for _ in 0..64 {
+        let c = space.crossover(a, b, &mut rng);
+        let fc = fields(&c);
+        assert_eq!(fc.0, fa.0);
+        assert!(fc.1 == fa.1 || fc.1 == fb.1, "{c:?}");
+        assert!(fc.2 == fa.2 || fc.2 == fb.2, "{c:?}");
+        assert!(fc.3 == fa.3 || fc.3 == fb.3, "{c:?}");
+        children.insert(c);
+    }
+    assert!(children.len() > 2, "crossover mixes: {children:?}");
+    // Of itself, a sketch breeds itself; across kinds, the first parent comes back.
+    assert_eq!(space.crossover(a, a, &mut rng), *a);
+    let scalar = loop {
+        let s = space.sample(&mut rng);
+        if matches!(s, Sketch::Scalar { .. }) {
+            break s;
+        }
+    };
+    assert_eq!(space.crossover(a, &scalar, &mut rng), *a);
+    assert_eq!(space.crossover(&scalar, a, &mut rng), scalar);
 }
 
 fn arb_small() -> impl Strategy<Value = String> {
@@ -316,6 +373,7 @@ fn opts(seed: u64) -> SearchOptions {
         generations: 1,
         batch: 8,
         epsilon: 0.25,
+        crossover: 0.3,
         seed,
     }
 }

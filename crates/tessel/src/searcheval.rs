@@ -53,6 +53,9 @@ pub struct SearchEvalOptions {
     /// Generations per round (both rankings).
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 2))]
     pub generations: usize,
+    /// Share of children bred by crossover (both rankings).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 0.0))]
+    pub crossover: f64,
     /// The share of the best throughput a run has to reach.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 0.95))]
     pub threshold: f64,
@@ -87,6 +90,7 @@ impl SearchEvalOptions {
             model: ModelChoice::Shipped,
             population: 64,
             generations: 2,
+            crossover: 0.0,
             threshold: 0.95,
             out,
             instructions: Vec::new(),
@@ -173,6 +177,8 @@ pub struct SearchEvalReport {
     pub population: usize,
     /// Generations per round.
     pub generations: usize,
+    /// Share of children bred by crossover.
+    pub crossover: f64,
     /// The share of the best.
     pub threshold: f64,
     /// Per task.
@@ -246,6 +252,7 @@ pub fn search_eval(o: &SearchEvalOptions, progress: &mut dyn Progress) -> Result
                     t.seed = seed;
                     t.population = o.population;
                     t.generations = o.generations;
+                    t.crossover = o.crossover;
                     t.threads = o.threads;
                     t.instructions = o.instructions.clone();
                     t.worker_exe = o.worker_exe.clone();
@@ -295,6 +302,7 @@ fn check_settings(o: &SearchEvalOptions, workloads: &[Workload], model: &str) ->
         "trials": o.trials,
         "population": o.population,
         "generations": o.generations,
+        "crossover": o.crossover,
         "instructions": o.instructions,
         "threads": o.threads,
     });
@@ -505,6 +513,7 @@ fn summarise(model: String, o: &SearchEvalOptions, tasks: Vec<SearchTask>) -> Se
         seeds: o.seeds,
         population: o.population,
         generations: o.generations,
+        crossover: o.crossover,
         threshold: o.threshold,
         tasks,
         trials_ratio,

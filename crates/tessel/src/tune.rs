@@ -90,6 +90,10 @@ pub struct TuneOptions {
     /// Generations of mutation and ranking per round (Ansor's evolutionary search runs 4).
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 2))]
     pub generations: usize,
+    /// Share of each generation's children bred by crossover of two parents (the rest are
+    /// mutations of one).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 0.0))]
+    pub crossover: f64,
     /// Candidates measured per round.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 16))]
     pub measure_batch: usize,
@@ -123,6 +127,7 @@ impl TuneOptions {
             threads: 1,
             population: 64,
             generations: 2,
+            crossover: 0.0,
             measure_batch: 16,
             epsilon: 0.2,
             instructions: Vec::new(),
@@ -371,6 +376,7 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
         generations: opts.generations,
         batch: opts.measure_batch,
         epsilon: opts.epsilon,
+        crossover: opts.crossover,
         seed: opts.seed,
     };
     let (log, resumed) = match &opts.log {
@@ -547,6 +553,9 @@ fn check_search_options(o: &TuneOptions) -> Result<()> {
     }
     if o.measure_batch == 0 {
         bail!("measure-batch must be at least 1");
+    }
+    if !(0.0..=1.0).contains(&o.crossover) {
+        bail!("crossover {} is not a share between 0 and 1", o.crossover);
     }
     if !(0.0..=1.0).contains(&o.epsilon) {
         bail!("epsilon {} is not a share between 0 and 1", o.epsilon);

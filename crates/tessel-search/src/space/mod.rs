@@ -401,6 +401,166 @@ impl Space {
         s
     }
 
+    /// A child of two parents (Ansor's crossover): where both use the same mapping (or both
+    /// are loops of the same shape), each group of parameters that belong together comes
+    /// from one parent or the other: the register block, the reduction block, the loop
+    /// order, the operand copies, the cache blocks, the flags. Parents of different kinds or
+    /// mappings share no genes; the child is then the first parent.
+    pub fn crossover(&self, a: &Sketch, b: &Sketch, rng: &mut Rng) -> Sketch {
+        let mut child = a.clone();
+        match (&mut child, b) {
+            (
+                Sketch::Tensorized {
+                    mapping,
+                    mr,
+                    nr,
+                    kc,
+                    order,
+                    pack_b,
+                    cache_a,
+                    parallel,
+                    local_acc,
+                    unroll,
+                    mc,
+                    nc,
+                },
+                Sketch::Tensorized {
+                    mapping: bm,
+                    mr: bmr,
+                    nr: bnr,
+                    kc: bkc,
+                    order: border,
+                    pack_b: bpack,
+                    cache_a: bcache,
+                    parallel: bpar,
+                    local_acc: bacc,
+                    unroll: bunroll,
+                    mc: bmc,
+                    nc: bnc,
+                },
+            ) if *mapping == *bm => {
+                if rng.chance(50) {
+                    (*mr, *nr) = (*bmr, *bnr);
+                }
+                if rng.chance(50) {
+                    *kc = *bkc;
+                }
+                if rng.chance(50) {
+                    *order = *border;
+                }
+                if rng.chance(50) {
+                    (*pack_b, *cache_a) = (*bpack, *bcache);
+                }
+                if rng.chance(50) {
+                    (*mc, *nc) = (*bmc, *bnc);
+                }
+                if rng.chance(50) {
+                    (*parallel, *local_acc, *unroll) = (*bpar, *bacc, *bunroll);
+                }
+            }
+            (
+                Sketch::Scalar {
+                    tiles,
+                    rtiles,
+                    parallel,
+                    local_acc,
+                    vectorize,
+                    unroll,
+                    cache_input,
+                },
+                Sketch::Scalar {
+                    tiles: bt,
+                    rtiles: brt,
+                    parallel: bpar,
+                    local_acc: bacc,
+                    vectorize: bvec,
+                    unroll: bunroll,
+                    cache_input: bcache,
+                },
+            ) if tiles.len() == bt.len() && rtiles.len() == brt.len() => {
+                for (t, bt) in tiles.iter_mut().zip(bt) {
+                    if rng.chance(50) {
+                        *t = *bt;
+                    }
+                }
+                for (t, bt) in rtiles.iter_mut().zip(brt) {
+                    if rng.chance(50) {
+                        *t = *bt;
+                    }
+                }
+                if rng.chance(50) {
+                    (*parallel, *local_acc, *vectorize, *unroll, *cache_input) =
+                        (*bpar, *bacc, *bvec, *bunroll, *bcache);
+                }
+            }
+            (
+                Sketch::TensorCore {
+                    mapping,
+                    wm,
+                    wn,
+                    fm,
+                    fn_,
+                    kc,
+                    stages,
+                    split,
+                },
+                Sketch::TensorCore {
+                    mapping: bm,
+                    wm: bwm,
+                    wn: bwn,
+                    fm: bfm,
+                    fn_: bfn,
+                    kc: bkc,
+                    stages: bstages,
+                    split: bsplit,
+                },
+            ) if *mapping == *bm => {
+                if rng.chance(50) {
+                    (*wm, *wn) = (*bwm, *bwn);
+                }
+                if rng.chance(50) {
+                    (*fm, *fn_) = (*bfm, *bfn);
+                }
+                if rng.chance(50) {
+                    (*kc, *stages) = (*bkc, *bstages);
+                }
+                if rng.chance(50) {
+                    *split = *bsplit;
+                }
+            }
+            (
+                Sketch::Simt {
+                    tx,
+                    ty,
+                    rx,
+                    ry,
+                    rtile,
+                    shared,
+                },
+                Sketch::Simt {
+                    tx: btx,
+                    ty: bty,
+                    rx: brx,
+                    ry: bry,
+                    rtile: brtile,
+                    shared: bshared,
+                },
+            ) => {
+                if rng.chance(50) {
+                    (*tx, *ty) = (*btx, *bty);
+                }
+                if rng.chance(50) {
+                    (*rx, *ry) = (*brx, *bry);
+                }
+                if rng.chance(50) {
+                    (*rtile, *shared) = (*brtile, *bshared);
+                }
+            }
+            _ => {}
+        }
+        child
+    }
+
     /// Rejects, before any compilation, sketches that cannot fit: more accumulators than the
     /// instruction's register file, accumulator buffers beyond the cache budget.
     pub fn check(&self, s: &Sketch) -> Result<(), String> {
