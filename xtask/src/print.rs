@@ -198,6 +198,25 @@ pub fn search_eval(r: &SearchEvalReport) {
             "to random's own final best: random needs {x:.2}x the model's trials (summed over tasks; the model missed it in {missed} pairs)"
         );
     }
+    for ranking in [tessel::Ranking::Model, tessel::Ranking::Random] {
+        let runs: Vec<&tessel::SearchRun> = r
+            .tasks
+            .iter()
+            .flat_map(|t| &t.runs)
+            .filter(|run| run.ranking == ranking && run.wall_s.is_some())
+            .collect();
+        if let Some(worst) = runs
+            .iter()
+            .filter_map(|run| run.search_overhead_percent)
+            .reduce(f64::max)
+        {
+            let wall: f64 = runs.iter().filter_map(|run| run.wall_s).sum();
+            println!(
+                "{ranking:?} runs measured now: {} in {wall:.0} s, search overhead at most {worst:.1}% of a run",
+                runs.len()
+            );
+        }
+    }
     for (at, ratio) in &r.best_ratio_at {
         println!("after {at} trials the model's best is {ratio:.3}x random's (geometric mean)");
     }

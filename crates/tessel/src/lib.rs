@@ -8,7 +8,9 @@
 //!   candidates with the learned cost model, measure the best, log every record.
 //! - [`dataset`] and [`merge`]: random schedules of every task, measured, as records;
 //!   [`remeasure`]: chosen records measured again, superseding the old ones.
-//! - [`pretrain`], [`transfer`] and [`eval`]: the attention cost model on those records.
+//! - [`pretrain`], [`transfer`] and [`eval`]: the attention cost model on those records;
+//!   [`held_out`]: TenSet's protocol; [`search_eval`]: tuning with the model against tuning
+//!   at random, in trials to the best.
 //! - [`measure`], [`bench_cpu`], [`best`], [`emit`], [`sim_check`]: one schedule, the
 //!   reference kernels beside oneDNN, the best of a log and its code, the GPU model's ranking.
 //! - [`export`]: the best kernels of a log as a C library (header, `.a`, `.so`, manifest)

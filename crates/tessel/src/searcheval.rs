@@ -48,13 +48,13 @@ pub struct SearchEvalOptions {
     #[cfg_attr(feature = "clap", arg(long, default_value = "shipped"))]
     pub model: ModelChoice,
     /// Sketches per generation of the evolutionary search (both rankings).
-    #[cfg_attr(feature = "clap", arg(long, default_value_t = 64))]
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 512))]
     pub population: usize,
     /// Generations per round (both rankings).
-    #[cfg_attr(feature = "clap", arg(long, default_value_t = 2))]
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 4))]
     pub generations: usize,
     /// Share of children bred by crossover (both rankings).
-    #[cfg_attr(feature = "clap", arg(long, default_value_t = 0.0))]
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 0.3))]
     pub crossover: f64,
     /// The share of the best throughput a run has to reach.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 0.95))]
@@ -88,9 +88,9 @@ impl SearchEvalOptions {
             trials: 64,
             seeds: 2,
             model: ModelChoice::Shipped,
-            population: 64,
-            generations: 2,
-            crossover: 0.0,
+            population: 512,
+            generations: 4,
+            crossover: 0.3,
             threshold: 0.95,
             out,
             instructions: Vec::new(),
@@ -137,6 +137,8 @@ pub struct SearchRun {
     pub trials_to_threshold: Option<usize>,
     /// Wall time of the run when it ran in this call (s).
     pub wall_s: Option<f64>,
+    /// Its search overhead (sampling, features, the model) as a share of that time, %.
+    pub search_overhead_percent: Option<f64>,
 }
 
 /// One task: its runs and how the two rankings compare.
@@ -199,8 +201,8 @@ pub fn search_eval(o: &SearchEvalOptions, progress: &mut dyn Progress) -> Result
     if o.trials == 0 {
         bail!("--trials must be at least 1");
     }
-    if o.seeds == 0 {
-        bail!("--seeds must be at least 1");
+    if o.seeds == 0 || o.seeds > MAX_SEEDS {
+        bail!("--seeds {} is not between 1 and {MAX_SEEDS}", o.seeds);
     }
     if !(o.threshold > 0.0 && o.threshold <= 1.0) {
         bail!(
@@ -238,7 +240,7 @@ pub fn search_eval(o: &SearchEvalOptions, progress: &mut dyn Progress) -> Result
                 let log = o
                     .out
                     .join(format!("task{i:02}-{}-s{seed}.jsonl", ranking.name()));
-                let mut wall_s = None;
+                let (mut wall_s, mut overhead) = (None, None);
                 // A finished run is only read back (tune would re-measure its best).
                 let finished = read_run(&log, w, progress)?.len() >= o.trials;
                 if !o.report_only && !finished {
@@ -271,6 +273,7 @@ pub fn search_eval(o: &SearchEvalOptions, progress: &mut dyn Progress) -> Result
                     }
                     if r.measured_this_run > 0 {
                         wall_s = Some(r.search_time_s);
+                        overhead = Some(r.search_overhead_percent);
                     }
                 }
                 let records = read_run(&log, w, progress)?;
@@ -282,6 +285,7 @@ pub fn search_eval(o: &SearchEvalOptions, progress: &mut dyn Progress) -> Result
                     best_so_far: best_so_far(&records, o.trials),
                     trials_to_threshold: None,
                     wall_s,
+                    search_overhead_percent: overhead,
                 });
             }
         }
@@ -289,6 +293,9 @@ pub fn search_eval(o: &SearchEvalOptions, progress: &mut dyn Progress) -> Result
     }
     Ok(summarise(model_name, o, tasks))
 }
+
+/// The most runs per ranking and task.
+const MAX_SEEDS: u64 = 100;
 
 /// The file in `--out` that says what its runs are.
 const SETTINGS_FILE: &str = "search-eval.json";
@@ -535,6 +542,7 @@ mod tests {
             best_so_far,
             trials_to_threshold: None,
             wall_s: None,
+            search_overhead_percent: None,
         }
     }
 

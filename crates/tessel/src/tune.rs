@@ -85,14 +85,14 @@ pub struct TuneOptions {
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 1))]
     pub threads: usize,
     /// Sketches per generation of the evolutionary search.
-    #[cfg_attr(feature = "clap", arg(long, default_value_t = 64))]
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 512))]
     pub population: usize,
     /// Generations of mutation and ranking per round (Ansor's evolutionary search runs 4).
-    #[cfg_attr(feature = "clap", arg(long, default_value_t = 2))]
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 4))]
     pub generations: usize,
     /// Share of each generation's children bred by crossover of two parents (the rest are
     /// mutations of one).
-    #[cfg_attr(feature = "clap", arg(long, default_value_t = 0.0))]
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 0.3))]
     pub crossover: f64,
     /// Candidates measured per round.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 16))]
@@ -125,9 +125,9 @@ impl TuneOptions {
             log: None,
             seed: 1,
             threads: 1,
-            population: 64,
-            generations: 2,
-            crossover: 0.0,
+            population: 512,
+            generations: 4,
+            crossover: 0.3,
             measure_batch: 16,
             epsilon: 0.2,
             instructions: Vec::new(),

@@ -658,7 +658,7 @@ fn search_eval_tunes_with_the_model_and_at_random_and_reports_from_the_logs() {
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains("population 64 there, 32 here"), "{e}");
+    assert!(e.contains("population 512 there, 32 here"), "{e}");
     let e = tessel::search_eval(
         &tessel::SearchEvalOptions {
             report_only: true,
