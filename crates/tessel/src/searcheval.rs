@@ -17,7 +17,10 @@ use tessel_search::TuningRecord;
 use crate::error::{Context, Result, bail};
 use crate::learn::load_model;
 use crate::progress::Progress;
-use crate::tune::{ModelChoice, TuneOptions, read_log_noting, tune};
+use crate::tune::{
+    ModelChoice, TuneOptions, check_search_options, cpu_instructions, read_log_noting,
+    shipped_model, tune,
+};
 
 /// What to tune, how often and where the runs' logs go.
 #[derive(Clone, Debug)]
@@ -211,8 +214,28 @@ pub fn search_eval(o: &SearchEvalOptions, progress: &mut dyn Progress) -> Result
         );
     }
     let workloads = task_list(o)?;
+    // Everything tune would refuse is refused here, before the settings file is written.
+    let mut template = TuneOptions::workload(workloads[0]);
+    template.trials = o.trials;
+    template.population = o.population;
+    template.generations = o.generations;
+    template.crossover = o.crossover;
+    template.threads = o.threads;
+    template.instructions = o.instructions.clone();
+    template.worker_exe = o.worker_exe.clone();
+    check_search_options(&template)?;
+    if !o.instructions.is_empty() {
+        cpu_instructions(&o.instructions)?;
+    }
     let model_name = match &o.model {
-        ModelChoice::Shipped => "fixtures/models/cpu".to_string(),
+        ModelChoice::Shipped => {
+            if shipped_model(progress).is_none() {
+                bail!(
+                    "the shipped model could not be loaded (see the notes above); give --model FILE"
+                );
+            }
+            "fixtures/models/cpu".to_string()
+        }
         ModelChoice::File(p) => {
             // A bad file fails here, before an hour of measurement starts.
             load_model(p)?;
@@ -249,15 +272,9 @@ pub fn search_eval(o: &SearchEvalOptions, progress: &mut dyn Progress) -> Result
                         "run {done}/{total}: {w}, {} ranking, seed {seed}",
                         ranking.name()
                     ));
-                    let mut t = TuneOptions::workload(*w);
-                    t.trials = o.trials;
+                    let mut t = template.clone();
+                    t.workload = Some(*w);
                     t.seed = seed;
-                    t.population = o.population;
-                    t.generations = o.generations;
-                    t.crossover = o.crossover;
-                    t.threads = o.threads;
-                    t.instructions = o.instructions.clone();
-                    t.worker_exe = o.worker_exe.clone();
                     t.log = Some(log.clone());
                     t.model = match ranking {
                         Ranking::Model => o.model.clone(),

@@ -532,7 +532,7 @@ pub const MAX_POPULATION: usize = 65_536;
 pub const MAX_GENERATIONS: usize = 64;
 
 /// Refuses search settings that cannot work, naming the option and the range.
-fn check_search_options(o: &TuneOptions) -> Result<()> {
+pub(crate) fn check_search_options(o: &TuneOptions) -> Result<()> {
     if o.trials == 0 {
         bail!("trials must be at least 1");
     }

@@ -698,6 +698,16 @@ fn search_eval_refuses_settings_that_cannot_compare_and_names_them() {
     });
     assert!(e.contains("--threshold 1.5"), "{e}");
     let e = err(tessel::SearchEvalOptions {
+        population: 0,
+        ..base.clone()
+    });
+    assert!(e.contains("population"), "{e}");
+    let e = err(tessel::SearchEvalOptions {
+        instructions: vec!["avx9".into()],
+        ..base.clone()
+    });
+    assert!(e.contains("avx9"), "{e}");
+    let e = err(tessel::SearchEvalOptions {
         seeds: 0,
         ..base.clone()
     });
