@@ -192,6 +192,12 @@ enum BenchTarget {
 fn main() -> std::process::ExitCode {
     // A worker started by the library (`TESSEL_WORKER`) serves and exits here.
     tessel::serve_if_worker();
+    // candle would size its pool by the physical cores, whatever `taskset` allows: its
+    // workers would spin on one pinned core (`tessel::threads_for_affinity`).
+    if let Some(n) = tessel::threads_for_affinity() {
+        // SAFETY: no other thread has started yet.
+        unsafe { std::env::set_var(tessel::THREADS_ENV, n.to_string()) };
+    }
     // Die quietly on a closed pipe (`cargo xtask match ... | head`), as Unix tools do.
     #[cfg(unix)]
     // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
