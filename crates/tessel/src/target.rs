@@ -193,14 +193,17 @@ impl Target {
     /// The peak of every instruction this target runs, GFLOP/s (GOP/s), for "% of peak":
     /// measured by micro-benchmarks on a CPU, from the device table on a GPU.
     pub fn peaks(&self) -> Result<Peaks> {
+        self.peaks_of(&tessel_intrin::CPU_INSTRUCTIONS)
+    }
+
+    /// [`Target::peaks`] of these CPU instructions only (each takes a second or so to
+    /// settle); GPU targets ignore `ids`.
+    pub fn peaks_of(&self, ids: &[&str]) -> Result<Peaks> {
         Ok(match &self.backend {
+            Backend::Cpu(_) if ids.is_empty() => Peaks::Cpu(Vec::new()),
             Backend::Cpu(m) => {
                 let threads = m.options().threads;
-                let measured = tessel_cpu::peak::measure_peaks(
-                    m.compiler(),
-                    &tessel_intrin::CPU_INSTRUCTIONS,
-                    threads,
-                )?;
+                let measured = tessel_cpu::peak::measure_peaks(m.compiler(), ids, threads)?;
                 Peaks::Cpu(
                     measured
                         .measured

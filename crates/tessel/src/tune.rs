@@ -355,7 +355,6 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
             target.label()
         ));
     }
-    let peaks = target.peaks()?;
     let fingerprint = target.fingerprint();
     let mut model: Box<dyn CostModel> = match learned {
         None => Box::new(RandomModel::new(opts.seed)),
@@ -415,6 +414,23 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
     progress.finish();
     let stats = tuner.stats.clone();
     let elapsed = start.elapsed().as_secs_f64();
+    drop(tuner);
+
+    // Peaks of the instructions the bests use, measured now: one settles in a second or
+    // so, and a search that can use eight instructions mostly ends on one or two.
+    let mut used: Vec<&str> = Vec::new();
+    for t in &tasks {
+        if let Some(b) = &t.best {
+            match crate::target::instruction_of(b.mapping.as_deref()) {
+                Some(id) => used.push(id),
+                // The fallback is reported against the widest FMA.
+                None => used.extend(["avx512.vfmadd231ps", "avx2.vfmadd231ps"]),
+            }
+        }
+    }
+    used.sort_unstable();
+    used.dedup();
+    let peaks = target.peaks_of(&used)?;
 
     let mut task_reports: Vec<TaskReport> = tasks
         .iter()
