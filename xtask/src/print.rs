@@ -152,9 +152,10 @@ pub fn best(best: &[TuningRecord], emit: Option<Emit>, json: bool) -> Result<()>
 
 pub fn search_eval(r: &SearchEvalReport) {
     println!(
-        "{} against random, {} trials, {} seeds each (population {}, {} generations): trials to {:.0}% of the best any run found",
+        "{} against random, {} trials ({} at random), {} seeds each (population {}, {} generations): trials to {:.0}% of the best any run found",
         r.model,
         r.trials,
+        r.random_trials,
         r.seeds,
         r.population,
         r.generations,
@@ -186,9 +187,8 @@ pub fn search_eval(r: &SearchEvalReport) {
     }
     match r.trials_ratio {
         Some(x) => println!(
-            "to {:.0}% of the best: random needs {x:.2}x the model's trials (summed over tasks; a run that missed counts as {} trials)",
+            "to {:.0}% of the best: random needs {x:.2}x the model's trials (summed over tasks; a run that missed counts as all its trials)",
             100.0 * r.threshold,
-            r.trials
         ),
         None => println!("no task has a valid candidate"),
     }

@@ -44,6 +44,10 @@ pub struct SearchEvalOptions {
     /// Trials of each run.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 64))]
     pub trials: usize,
+    /// Trials of each random run (default: `--trials`). More than the model's turns "random
+    /// missed the threshold" from a lower bound into a count, or a lower bound this large.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub random_trials: Option<usize>,
     /// Runs per task and ranking, seeds 1 to N.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 2))]
     pub seeds: u64,
@@ -89,6 +93,7 @@ impl SearchEvalOptions {
             dtype: DType::F32,
             wdtype: None,
             trials: 64,
+            random_trials: None,
             seeds: 2,
             model: ModelChoice::Shipped,
             population: 512,
@@ -132,8 +137,10 @@ pub struct SearchRun {
     pub seed: u64,
     /// Its log.
     pub log: PathBuf,
-    /// Trials in the log (at most `trials`).
+    /// Trials in the log (at most `budget`).
     pub trials: usize,
+    /// Trials the run was given; a run that misses the threshold counts as this many.
+    pub budget: usize,
     /// The best throughput after each trial (GFLOP/s; 0 before the first valid one).
     pub best_so_far: Vec<f64>,
     /// The first trial (1-based) whose best reached the threshold; `None`: not within the run.
@@ -153,7 +160,7 @@ pub struct SearchTask {
     pub best_gflops: f64,
     /// Every run.
     pub runs: Vec<SearchRun>,
-    /// Mean trials to the threshold with the model, a run that missed it counted as `trials`.
+    /// Mean trials to the threshold with the model, a run that missed it counted as its budget.
     pub model_trials: f64,
     /// The same with the random ranking.
     pub random_trials: f64,
@@ -162,7 +169,7 @@ pub struct SearchTask {
     /// Mean best throughput at the end, with the model and at random.
     pub final_gflops: (f64, f64),
     /// Trials to reach each random run's final best: the model's mean over (model run,
-    /// random run) pairs, a miss counted as `trials`, and random's own mean (the trial where
+    /// random run) pairs, a miss counted as the model's budget, and random's own mean (the trial where
     /// it found its best). Exact where random never reached the threshold.
     pub to_random_best: (f64, f64),
     /// Pairs where the model missed random's final best.
@@ -176,6 +183,8 @@ pub struct SearchEvalReport {
     pub model: String,
     /// Trials per run.
     pub trials: usize,
+    /// Trials per random run.
+    pub random_trials: usize,
     /// Seeds per ranking.
     pub seeds: u64,
     /// Sketches per generation.
@@ -204,6 +213,10 @@ pub fn search_eval(o: &SearchEvalOptions, progress: &mut dyn Progress) -> Result
     if o.trials == 0 {
         bail!("--trials must be at least 1");
     }
+    if o.random_trials == Some(0) {
+        bail!("--random-trials must be at least 1");
+    }
+    let random_trials = o.random_trials.unwrap_or(o.trials);
     if o.seeds == 0 || o.seeds > MAX_SEEDS {
         bail!("--seeds {} is not between 1 and {MAX_SEEDS}", o.seeds);
     }
@@ -265,7 +278,11 @@ pub fn search_eval(o: &SearchEvalOptions, progress: &mut dyn Progress) -> Result
                     .join(format!("task{i:02}-{}-s{seed}.jsonl", ranking.name()));
                 let (mut wall_s, mut overhead) = (None, None);
                 // A finished run is only read back (tune would re-measure its best).
-                let finished = read_run(&log, w, progress)?.len() >= o.trials;
+                let budget = match ranking {
+                    Ranking::Model => o.trials,
+                    Ranking::Random => random_trials,
+                };
+                let finished = read_run(&log, w, progress)?.len() >= budget;
                 if !o.report_only && !finished {
                     let done = runs.len() + i * runs_per_task + 1;
                     progress.note(&format!(
@@ -274,6 +291,7 @@ pub fn search_eval(o: &SearchEvalOptions, progress: &mut dyn Progress) -> Result
                     ));
                     let mut t = template.clone();
                     t.workload = Some(*w);
+                    t.trials = budget;
                     t.seed = seed;
                     t.log = Some(log.clone());
                     t.model = match ranking {
@@ -299,14 +317,15 @@ pub fn search_eval(o: &SearchEvalOptions, progress: &mut dyn Progress) -> Result
                     seed,
                     log,
                     trials: 0,
-                    best_so_far: best_so_far(&records, o.trials),
+                    budget,
+                    best_so_far: best_so_far(&records, budget),
                     trials_to_threshold: None,
                     wall_s,
                     search_overhead_percent: overhead,
                 });
             }
         }
-        tasks.push(compare_runs(w.to_string(), runs, o.trials, o.threshold));
+        tasks.push(compare_runs(w.to_string(), runs, o.threshold));
     }
     Ok(summarise(model_name, o, tasks))
 }
@@ -320,7 +339,7 @@ const SETTINGS_FILE: &str = "search-eval.json";
 /// Writes the settings into `--out`, or checks them against those already there: a rerun
 /// with other settings would resume runs of the first and mix the two in one report.
 fn check_settings(o: &SearchEvalOptions, workloads: &[Workload], model: &str) -> Result<()> {
-    let here = serde_json::json!({
+    let mut here = serde_json::json!({
         "workloads": workloads.iter().map(|w| w.to_string()).collect::<Vec<_>>(),
         "model": model,
         "trials": o.trials,
@@ -330,6 +349,13 @@ fn check_settings(o: &SearchEvalOptions, workloads: &[Workload], model: &str) ->
         "instructions": o.instructions,
         "threads": o.threads,
     });
+    // Only when it differs, so that directories of earlier versions still match.
+    let random_trials = o.random_trials.unwrap_or(o.trials);
+    if random_trials != o.trials
+        && let Some(map) = here.as_object_mut()
+    {
+        map.insert("random_trials".into(), random_trials.into());
+    }
     let path = o.out.join(SETTINGS_FILE);
     match std::fs::read_to_string(&path) {
         Ok(text) => {
@@ -433,12 +459,7 @@ pub fn trials_to_reach(best_so_far: &[f64], target: f64) -> Option<usize> {
 }
 
 /// Fills the runs' threshold trials against the best of all of them.
-fn compare_runs(
-    workload: String,
-    mut runs: Vec<SearchRun>,
-    trials: usize,
-    threshold: f64,
-) -> SearchTask {
+fn compare_runs(workload: String, mut runs: Vec<SearchRun>, threshold: f64) -> SearchTask {
     let best = runs
         .iter()
         .filter_map(|r| r.best_so_far.last().copied())
@@ -454,7 +475,7 @@ fn compare_runs(
     let needed = |ranking| {
         mean(
             of(ranking)
-                .map(|r| r.trials_to_threshold.unwrap_or(trials) as f64)
+                .map(|r| r.trials_to_threshold.unwrap_or(r.budget) as f64)
                 .collect(),
         )
     };
@@ -477,11 +498,11 @@ fn compare_runs(
         let Some(&goal) = r.best_so_far.last().filter(|&&g| g > 0.0) else {
             continue;
         };
-        random_to.push(trials_to_reach(&r.best_so_far, goal).unwrap_or(trials) as f64);
+        random_to.push(trials_to_reach(&r.best_so_far, goal).unwrap_or(r.budget) as f64);
         for m in of(Ranking::Model) {
             let n = trials_to_reach(&m.best_so_far, goal);
             to_missed += usize::from(n.is_none());
-            model_to.push(n.unwrap_or(trials) as f64);
+            model_to.push(n.unwrap_or(m.budget) as f64);
         }
     }
     SearchTask {
@@ -534,6 +555,7 @@ fn summarise(model: String, o: &SearchEvalOptions, tasks: Vec<SearchTask>) -> Se
     SearchEvalReport {
         model,
         trials: o.trials,
+        random_trials: o.random_trials.unwrap_or(o.trials),
         seeds: o.seeds,
         population: o.population,
         generations: o.generations,
@@ -556,6 +578,7 @@ mod tests {
             seed,
             log: PathBuf::new(),
             trials: 0,
+            budget: best_so_far.len(),
             best_so_far,
             trials_to_threshold: None,
             wall_s: None,
@@ -574,7 +597,6 @@ mod tests {
                 run(Ranking::Random, 1, vec![10.0, 20.0, 30.0, 100.0]),
                 run(Ranking::Random, 2, vec![10.0, 20.0, 30.0, 40.0]),
             ],
-            4,
             0.95,
         );
         assert_eq!(t.best_gflops, 100.0);
@@ -589,6 +611,23 @@ mod tests {
         // trial 1 and never 100 (counted as 4 trials, one miss).
         assert_eq!(t.to_random_best, ((4.0 + 1.0) / 2.0, 4.0));
         assert_eq!(t.to_random_best_missed, 1);
+    }
+
+    #[test]
+    fn a_run_that_misses_counts_as_its_own_budget() {
+        // Random was given 8 trials, the model 2: random's miss counts as 8, the model's as 2.
+        let t = compare_runs(
+            "gemm".into(),
+            vec![
+                run(Ranking::Model, 1, vec![100.0, 100.0]),
+                run(Ranking::Model, 2, vec![10.0, 20.0]),
+                run(Ranking::Random, 1, vec![10.0; 8]),
+            ],
+            0.95,
+        );
+        assert_eq!(t.model_trials, (1.0 + 2.0) / 2.0);
+        assert_eq!(t.random_trials, 8.0);
+        assert_eq!(t.missed, (1, 1));
     }
 
     #[test]
@@ -607,7 +646,6 @@ mod tests {
                 run(Ranking::Model, 1, vec![0.0]),
                 run(Ranking::Random, 1, vec![0.0]),
             ],
-            1,
             0.95,
         );
         let r = summarise("m".into(), &o, vec![t]);
