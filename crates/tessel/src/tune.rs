@@ -432,7 +432,9 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
     used.dedup();
     // After the search, a failure here costs only the "% of peak" column, not the run.
     let peaks = target.peaks_of(&used).unwrap_or_else(|e| {
-        progress.note(&format!("warning: measuring the peaks failed ({e}); no % of peak"));
+        progress.note(&format!(
+            "warning: measuring the peaks failed ({e}); no % of peak"
+        ));
         crate::target::Peaks::Cpu(Vec::new())
     });
 
