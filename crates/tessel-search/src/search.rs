@@ -216,6 +216,11 @@ struct Proposal {
     sketch: Sketch,
     trace: Trace,
     program: Program,
+    /// The trace as JSON, the key that tells schedules apart (computed once).
+    key: String,
+    /// The model's score, once this round has scored it (the model changes only between
+    /// rounds, so a survivor of one generation keeps its score in the next).
+    score: Option<f64>,
 }
 
 impl<'a> Tuner<'a> {
@@ -352,8 +357,10 @@ impl<'a> Tuner<'a> {
         match task.space.lower(&s) {
             Ok((trace, program)) => Some(Proposal {
                 sketch: s,
+                key: trace.to_json(),
                 trace,
                 program,
+                score: None,
             }),
             Err(_) => {
                 self.stats.rejected += 1;
@@ -405,18 +412,21 @@ impl<'a> Tuner<'a> {
                     }
                 }
             }
-            // Distinct, unmeasured, ranked by the model.
+            // Distinct, unmeasured, ranked by the model; only the new ones are scored.
             let mut seen = HashSet::new();
-            pool.retain(|p| {
-                let key = p.trace.to_json();
-                !task.measured.contains(&key) && seen.insert(key)
-            });
-            let programs: Vec<&Program> = pool.iter().map(|p| &p.program).collect();
+            pool.retain(|p| !task.measured.contains(&p.key) && seen.insert(p.key.clone()));
+            let unscored: Vec<usize> = (0..pool.len())
+                .filter(|&i| pool[i].score.is_none())
+                .collect();
+            let programs: Vec<&Program> = unscored.iter().map(|&i| &pool[i].program).collect();
             let scores = self.model.predict(&programs);
-            let mut ranked: Vec<(f64, Proposal)> = scores.into_iter().zip(pool).collect();
-            ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
-            ranked.truncate(pop);
-            pool = ranked.into_iter().map(|r| r.1).collect();
+            for (i, score) in unscored.into_iter().zip(scores) {
+                pool[i].score = Some(score);
+            }
+            let score = |p: &Proposal| p.score.unwrap_or(f64::NEG_INFINITY);
+            // Stable: equal scores keep their order, as before.
+            pool.sort_by(|a, b| score(b).total_cmp(&score(a)));
+            pool.truncate(pop);
         }
         let n_random = ((n as f64) * self.opts.epsilon).round() as usize;
         // The first batch of a task starts with the space's known-good seeds (at most half).
@@ -425,7 +435,7 @@ impl<'a> Tuner<'a> {
         if task.measured.is_empty() {
             for s in task.space.seeds().into_iter().take(n / 2) {
                 if let Some(p) = self.valid(task, s)
-                    && keys.insert(p.trace.to_json())
+                    && keys.insert(p.key.clone())
                 {
                     batch.push(p);
                 }
@@ -437,7 +447,7 @@ impl<'a> Tuner<'a> {
             if batch.len() >= ranked_share {
                 break;
             }
-            if keys.insert(p.trace.to_json()) {
+            if keys.insert(p.key.clone()) {
                 batch.push(p);
             }
         }
@@ -445,7 +455,7 @@ impl<'a> Tuner<'a> {
             if batch.len() >= n {
                 break;
             }
-            let k = p.trace.to_json();
+            let k = p.key.clone();
             if !task.measured.contains(&k) && keys.insert(k) {
                 batch.push(p);
             }
