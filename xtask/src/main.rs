@@ -194,10 +194,8 @@ fn main() -> std::process::ExitCode {
     tessel::serve_if_worker();
     // candle would size its pool by the physical cores, whatever `taskset` allows: its
     // workers would spin on one pinned core (`tessel::threads_for_affinity`).
-    if let Some(n) = tessel::threads_for_affinity() {
-        // SAFETY: no other thread has started yet.
-        unsafe { std::env::set_var(tessel::THREADS_ENV, n.to_string()) };
-    }
+    // SAFETY: no other thread has started yet.
+    unsafe { tessel::fit_threads_to_affinity() };
     // Die quietly on a closed pipe (`cargo xtask match ... | head`), as Unix tools do.
     #[cfg(unix)]
     // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.

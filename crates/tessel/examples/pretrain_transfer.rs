@@ -26,10 +26,8 @@ fn show(label: &str, c: &Comparison) {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The model's thread pool as large as the CPUs this process may use (`taskset`).
-    if let Some(n) = tessel::threads_for_affinity() {
-        // SAFETY: no other thread has started yet.
-        unsafe { std::env::set_var(tessel::THREADS_ENV, n.to_string()) };
-    }
+    // SAFETY: no other thread has started yet.
+    unsafe { tessel::fit_threads_to_affinity() };
     let mut args = std::env::args().skip(1);
     let epochs: usize = args.next().map_or(Ok(10), |t| t.parse())?;
     let shots: usize = args.next().map_or(Ok(128), |t| t.parse())?;

@@ -10,10 +10,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Kernels are measured in a child process: this same program, started as a worker.
     tessel::serve_if_worker();
     // The model's thread pool as large as the CPUs this process may use (`taskset`).
-    if let Some(n) = tessel::threads_for_affinity() {
-        // SAFETY: no other thread has started yet.
-        unsafe { std::env::set_var(tessel::THREADS_ENV, n.to_string()) };
-    }
+    // SAFETY: no other thread has started yet.
+    unsafe { tessel::fit_threads_to_affinity() };
     let mut args = std::env::args().skip(1);
     let workload: Workload = args
         .next()

@@ -80,7 +80,7 @@ pub use searcheval::{
 };
 pub use simcheck::{SimCheckReport, sim_check};
 pub use target::{Peaks, Target, TargetOptions, TargetSpec, cpu_measurer, instruction_of};
-pub use threads::{THREADS_ENV, threads_for_affinity};
+pub use threads::{THREADS_ENV, fit_threads_to_affinity, threads_for_affinity};
 pub use tune::{
     Emit, ModelChoice, REMEASURE_ALLOCATIONS, TaskReport, TuneOptions, TuneReport, best,
     cpu_instructions, emit, fixtures_dir, read_log_noting, tune,

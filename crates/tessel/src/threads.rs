@@ -11,15 +11,7 @@
 pub const THREADS_ENV: &str = "RAYON_NUM_THREADS";
 
 /// The value `RAYON_NUM_THREADS` should take, when neither it nor `CANDLE_NUM_THREADS` is
-/// set: the number of CPUs this process may run on. A program sets it first thing in
-/// `main`, before any thread starts (setting the environment is not thread-safe):
-///
-/// ```no_run
-/// if let Some(n) = tessel::threads_for_affinity() {
-///     // SAFETY: no other thread runs yet.
-///     unsafe { std::env::set_var(tessel::THREADS_ENV, n.to_string()) };
-/// }
-/// ```
+/// set: the number of CPUs this process may run on. [`fit_threads_to_affinity`] sets it.
 pub fn threads_for_affinity() -> Option<usize> {
     let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
     if set(THREADS_ENV) || set("CANDLE_NUM_THREADS") {
@@ -27,6 +19,25 @@ pub fn threads_for_affinity() -> Option<usize> {
     }
     // The standard library counts the affinity mask (and cgroup quotas).
     std::thread::available_parallelism().ok().map(|n| n.get())
+}
+
+/// Sets `RAYON_NUM_THREADS` to [`threads_for_affinity`], when that says to. Call it first
+/// thing in `main`:
+///
+/// ```no_run
+/// // SAFETY: no other thread runs yet.
+/// unsafe { tessel::fit_threads_to_affinity() };
+/// ```
+///
+/// # Safety
+///
+/// It sets an environment variable, which is sound only while no other thread may read or
+/// write the environment: call it before any thread starts.
+pub unsafe fn fit_threads_to_affinity() {
+    if let Some(n) = threads_for_affinity() {
+        // SAFETY: the caller promises that no other thread runs.
+        unsafe { std::env::set_var(THREADS_ENV, n.to_string()) };
+    }
 }
 
 #[cfg(test)]
