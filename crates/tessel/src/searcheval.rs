@@ -282,8 +282,8 @@ pub fn search_eval(o: &SearchEvalOptions, progress: &mut dyn Progress) -> Result
                     Ranking::Model => o.trials,
                     Ranking::Random => random_trials,
                 };
-                let finished = read_run(&log, w, progress)?.len() >= budget;
-                if !o.report_only && !finished {
+                let mut records = read_run(&log, w, progress)?;
+                if !o.report_only && records.len() < budget {
                     let done = runs.len() + i * runs_per_task + 1;
                     progress.note(&format!(
                         "run {done}/{total}: {w}, {} ranking, seed {seed}",
@@ -310,15 +310,16 @@ pub fn search_eval(o: &SearchEvalOptions, progress: &mut dyn Progress) -> Result
                         wall_s = Some(r.search_time_s);
                         overhead = Some(r.search_overhead_percent);
                     }
+                    records = read_run(&log, w, progress)?;
                 }
-                let records = read_run(&log, w, progress)?;
+                let best_so_far = best_so_far(&records, budget);
                 runs.push(SearchRun {
                     ranking,
                     seed,
                     log,
-                    trials: 0,
+                    trials: best_so_far.len(),
                     budget,
-                    best_so_far: best_so_far(&records, budget),
+                    best_so_far,
                     trials_to_threshold: None,
                     wall_s,
                     search_overhead_percent: overhead,
@@ -465,7 +466,6 @@ fn compare_runs(workload: String, mut runs: Vec<SearchRun>, threshold: f64) -> S
         .filter_map(|r| r.best_so_far.last().copied())
         .fold(0.0f64, f64::max);
     for r in &mut runs {
-        r.trials = r.best_so_far.len();
         r.trials_to_threshold = (best > 0.0)
             .then(|| trials_to_reach(&r.best_so_far, threshold * best))
             .flatten();
@@ -577,7 +577,7 @@ mod tests {
             ranking,
             seed,
             log: PathBuf::new(),
-            trials: 0,
+            trials: best_so_far.len(),
             budget: best_so_far.len(),
             best_so_far,
             trials_to_threshold: None,
