@@ -227,6 +227,9 @@ pub enum Peaks {
     Gpu(Option<DeviceSpec>),
 }
 
+/// The peaks a CPU's vectorized-loop fallback is reported against, the widest FMA first.
+pub(crate) const FALLBACK_PEAKS: [&str; 2] = ["avx512.vfmadd231ps", "avx2.vfmadd231ps"];
+
 /// The instruction a record's mapping label names (`amx.tdpbf16ps: m <- ...`).
 pub fn instruction_of(mapping: Option<&str>) -> Option<&str> {
     mapping.and_then(|m| m.split(':').next())
@@ -238,12 +241,11 @@ impl Peaks {
     pub fn of(&self, mapping: Option<&str>) -> Option<f64> {
         match self {
             Peaks::Cpu(measured) => {
-                let has = |id: &str| measured.iter().any(|(i, _)| i == id);
-                let id = instruction_of(mapping).unwrap_or(if has("avx512.vfmadd231ps") {
-                    "avx512.vfmadd231ps"
-                } else {
-                    "avx2.vfmadd231ps"
-                });
+                let widest_fma = FALLBACK_PEAKS
+                    .into_iter()
+                    .find(|id| measured.iter().any(|(i, _)| i == *id))
+                    .unwrap_or("avx2.vfmadd231ps");
+                let id = instruction_of(mapping).unwrap_or(widest_fma);
                 measured.iter().find(|(i, _)| i == id).map(|(_, g)| *g)
             }
             Peaks::Gpu(None) => None,

@@ -424,7 +424,7 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
             match crate::target::instruction_of(b.mapping.as_deref()) {
                 Some(id) => used.push(id),
                 // The fallback is reported against the widest FMA.
-                None => used.extend(["avx512.vfmadd231ps", "avx2.vfmadd231ps"]),
+                None => used.extend(crate::target::FALLBACK_PEAKS),
             }
         }
     }
