@@ -519,10 +519,7 @@ impl Measurer for CpuMeasurer {
     /// kernels run on one thread: a multi-threaded kernel's timing needs every core.
     fn prefetch(&mut self, candidates: &[Candidate]) {
         self.finish_prefetch();
-        // Compiling beside the measurement needs a core of its own: in a process pinned to
-        // one core (`taskset -c 1`), gcc would share it with the kernels being timed.
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        if self.opts.threads > 1 || cores < 2 || candidates.is_empty() {
+        if !self.prefetches() || candidates.is_empty() {
             return;
         }
         let jobs = self.prepare_batch(candidates);
@@ -543,6 +540,13 @@ impl Measurer for CpuMeasurer {
             }
         });
         self.prefetching = Some((Self::batch_key(&jobs), handle));
+    }
+
+    fn prefetches(&self) -> bool {
+        // Compiling beside the measurement needs a core of its own: in a process pinned to
+        // one core (`taskset -c 1`), gcc would share it with the kernels being timed.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        self.opts.threads == 1 && cores >= 2
     }
 }
 

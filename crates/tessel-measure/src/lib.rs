@@ -271,6 +271,13 @@ pub trait Measurer {
     /// them (compile them on another core) while the current batch runs. Only a hint: the
     /// results of `measure` do not depend on it. The default does nothing.
     fn prefetch(&mut self, _candidates: &[Candidate]) {}
+
+    /// Whether `prefetch` really prepares a batch in the background here (a spare core, kernels
+    /// on one thread). A caller that would have to guess the next batch early, before this
+    /// one's results, does so only then. The default: no.
+    fn prefetches(&self) -> bool {
+        false
+    }
 }
 
 /// Scores lowered programs so the search can measure the promising ones first, and learns

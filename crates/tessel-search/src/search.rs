@@ -56,6 +56,12 @@ pub struct SearchOptions {
     /// Share of each generation's children bred by crossover of two parents
     /// ([`crate::Space::crossover`]) instead of mutating one.
     pub crossover: f64,
+    /// Propose each batch one round early, while the one before it is measured, so that it
+    /// compiles on a spare core meanwhile ([`Measurer::prefetch`]). The early batch cannot
+    /// learn from the results of the batch it overlaps: the model and the elites it is bred
+    /// from are one batch behind. Only where the measurer prefetches
+    /// ([`Measurer::prefetches`]); elsewhere the search is the same as without.
+    pub pipeline: bool,
     pub seed: u64,
 }
 
@@ -67,6 +73,7 @@ impl Default for SearchOptions {
             batch: 16,
             epsilon: 0.2,
             crossover: 0.0,
+            pipeline: false,
             seed: 1,
         }
     }
@@ -87,6 +94,8 @@ pub struct Task {
     pub weight: u64,
     space: Space,
     measured: HashSet<String>,
+    /// Proposed and not measured yet (a pipelined batch in flight): never proposed again.
+    pending: HashSet<String>,
     elites: Vec<(f64, Sketch)>,
     pub best: Option<Best>,
     /// Candidates measured (this run and resumed from the log).
@@ -105,6 +114,7 @@ impl Task {
             workload,
             weight,
             measured: HashSet::new(),
+            pending: HashSet::new(),
             elites: Vec::new(),
             best: None,
             trials: 0,
@@ -122,6 +132,11 @@ impl Task {
         self.best.as_ref().map(|b| b.latency_s * self.weight as f64)
     }
 
+    /// Measured, or proposed and about to be.
+    fn known(&self, key: &str) -> bool {
+        self.measured.contains(key) || self.pending.contains(key)
+    }
+
     fn record(
         &mut self,
         trace: &Trace,
@@ -130,7 +145,9 @@ impl Task {
         r: &MeasureResult,
     ) {
         self.trials += 1;
-        self.measured.insert(trace.to_json());
+        let key = trace.to_json();
+        self.pending.remove(&key);
+        self.measured.insert(key);
         let Ok(m) = r else { return };
         let lat = m.timing.median_s;
         if let Some(s) = sketch {
@@ -158,6 +175,9 @@ pub const CUT_SHORT_FACTOR: f64 = 5.0;
 /// kernels costs little anyway.
 pub const CUT_SHORT_FLOOR_S: f64 = 0.005;
 
+/// A wait for the background compilation longer than this means it was still running.
+const HIDDEN_WAIT_S: f64 = 0.001;
+
 /// The checked-run budget of a task whose best so far takes `best_s` seconds.
 pub fn cut_short_budget(best_s: f64) -> f64 {
     (best_s * CUT_SHORT_FACTOR).max(CUT_SHORT_FLOOR_S)
@@ -180,16 +200,21 @@ pub struct Stats {
     pub resume_rejected: usize,
     /// Candidates whose checked run was so slow that it was their only run.
     pub cut_short: usize,
-    /// Wall time inside the measurer (code generation, compilation, measurement).
+    /// Wall time inside the measurer (code generation, compilation, measurement; in a
+    /// pipelined run, waiting for the background compilation too).
     pub measure_time_s: f64,
     /// Wall time of the whole run.
     pub total_time_s: f64,
+    /// Search time (proposing, logging, learning) that a pipelined run spent while the
+    /// batch about to be measured was still compiling on the spare core: it cost no wall time.
+    pub overlapped_s: f64,
 }
 
 impl Stats {
-    /// Everything but compiling and measuring, in seconds.
+    /// The wall time the search added: everything but compiling and measuring, less what
+    /// overlapped a compilation (pipelined runs), in seconds.
     pub fn search_overhead_s(&self) -> f64 {
-        (self.total_time_s - self.measure_time_s).max(0.0)
+        (self.total_time_s - self.measure_time_s - self.overlapped_s).max(0.0)
     }
 }
 
@@ -210,6 +235,8 @@ pub struct Tuner<'a> {
     opts: SearchOptions,
     rng: Rng,
     pub stats: Stats,
+    /// When the measurer last returned.
+    measured_at: Instant,
 }
 
 struct Proposal {
@@ -240,6 +267,7 @@ impl<'a> Tuner<'a> {
             opts,
             rng,
             stats: Stats::default(),
+            measured_at: Instant::now(),
         }
     }
 
@@ -294,21 +322,55 @@ impl<'a> Tuner<'a> {
             return Err(SearchError::NoTasks);
         }
         let start = Instant::now();
+        let batch = self.opts.batch.max(1);
+        let pipelined = self.opts.pipeline && self.measurer.prefetches();
+        // The batch proposed early (pipelined), with its task.
+        let mut ahead: Option<(usize, Vec<Proposal>)> = None;
+        // When the search last took over from the measurer.
+        let mut searching_since = Instant::now();
         loop {
             let done: usize = tasks.iter().map(|t| t.trials).sum();
             if done >= trials || tasks.iter().all(|t| t.exhausted) {
                 break;
             }
-            let Some(ti) = self.pick_task(tasks) else {
-                break;
+            let compiling = ahead.is_some();
+            let (ti, proposals) = match ahead.take() {
+                Some(next) => next,
+                None => {
+                    let Some(ti) = self.pick_task(tasks) else {
+                        break;
+                    };
+                    let room = (trials - done).min(batch);
+                    (ti, self.propose(&mut tasks[ti], room))
+                }
             };
-            let room = (trials - done).min(self.opts.batch.max(1));
-            let proposals = self.propose(&mut tasks[ti], room);
             if proposals.is_empty() {
                 tasks[ti].exhausted = true;
                 continue;
             }
+            let left = trials.saturating_sub(done + proposals.len());
+            if pipelined && left > 0 {
+                // The next batch now, so that it compiles while this one is timed.
+                tasks[ti]
+                    .pending
+                    .extend(proposals.iter().map(|p| p.key.clone()));
+                if let Some(tj) = self.pick_task(tasks) {
+                    let next = self.propose(&mut tasks[tj], left.min(batch));
+                    let cands = Self::candidates(&tasks[tj], &next);
+                    // Waits for this batch's compilation, then starts the next one's.
+                    let t = Instant::now();
+                    self.measurer.prefetch(&cands);
+                    let waited = t.elapsed().as_secs_f64();
+                    self.stats.measure_time_s += waited;
+                    // Still compiling when the search was done: the search was hidden.
+                    if compiling && waited > HIDDEN_WAIT_S {
+                        self.stats.overlapped_s += t.duration_since(searching_since).as_secs_f64();
+                    }
+                    ahead = Some((tj, next));
+                }
+            }
             self.measure_batch(&mut tasks[ti], proposals)?;
+            searching_since = self.measured_at;
             let best = tasks[ti]
                 .best
                 .as_ref()
@@ -414,7 +476,7 @@ impl<'a> Tuner<'a> {
             }
             // Distinct, unmeasured, ranked by the model; only the new ones are scored.
             let mut seen = HashSet::new();
-            pool.retain(|p| !task.measured.contains(&p.key) && seen.insert(p.key.clone()));
+            pool.retain(|p| !task.known(&p.key) && seen.insert(p.key.clone()));
             let unscored: Vec<usize> = (0..pool.len())
                 .filter(|&i| pool[i].score.is_none())
                 .collect();
@@ -432,7 +494,7 @@ impl<'a> Tuner<'a> {
         // The first batch of a task starts with the space's known-good seeds (at most half).
         let mut batch: Vec<Proposal> = Vec::new();
         let mut keys: HashSet<String> = HashSet::new();
-        if task.measured.is_empty() {
+        if task.measured.is_empty() && task.pending.is_empty() {
             for s in task.space.seeds().into_iter().take(n / 2) {
                 if let Some(p) = self.valid(task, s)
                     && keys.insert(p.key.clone())
@@ -456,25 +518,32 @@ impl<'a> Tuner<'a> {
                 break;
             }
             let k = p.key.clone();
-            if !task.measured.contains(&k) && keys.insert(k) {
+            if !task.known(&k) && keys.insert(k) {
                 batch.push(p);
             }
         }
         batch
     }
 
-    fn measure_batch(&mut self, task: &mut Task, batch: Vec<Proposal>) -> Result<(), SearchError> {
-        let op = task.space.op().clone();
+    /// What the measurer gets of a batch: each trace on the task's operator, with the
+    /// checked-run budget of the task's best so far.
+    fn candidates(task: &Task, batch: &[Proposal]) -> Vec<tessel_measure::Candidate> {
+        let op = task.space.op();
         let budget = task.best.as_ref().map(|b| cut_short_budget(b.latency_s));
-        let cands: Vec<tessel_measure::Candidate> = batch
+        batch
             .iter()
             .map(|p| {
                 tessel_measure::Candidate::new(op.clone(), p.trace.clone()).with_budget(budget)
             })
-            .collect();
+            .collect()
+    }
+
+    fn measure_batch(&mut self, task: &mut Task, batch: Vec<Proposal>) -> Result<(), SearchError> {
+        let cands = Self::candidates(task, &batch);
         let t = Instant::now();
         let results = self.measurer.measure(&cands);
-        self.stats.measure_time_s += t.elapsed().as_secs_f64();
+        self.measured_at = Instant::now();
+        self.stats.measure_time_s += self.measured_at.duration_since(t).as_secs_f64();
         let fp = self.measurer.fingerprint().clone();
         let records: Vec<TuningRecord> = batch
             .iter()

@@ -20,6 +20,9 @@ struct FakeMeasurer {
     fp: HardwareFingerprint,
     measured: Vec<String>,
     budgets: Vec<Option<f64>>,
+    /// Whether it says it prefetches, and the batches it was told of, in order.
+    prefetches: bool,
+    prefetched: Vec<Vec<String>>,
 }
 
 impl FakeMeasurer {
@@ -32,6 +35,8 @@ impl FakeMeasurer {
             },
             measured: Vec::new(),
             budgets: Vec::new(),
+            prefetches: false,
+            prefetched: Vec::new(),
         }
     }
 }
@@ -39,6 +44,15 @@ impl FakeMeasurer {
 impl Measurer for FakeMeasurer {
     fn fingerprint(&self) -> &HardwareFingerprint {
         &self.fp
+    }
+
+    fn prefetch(&mut self, candidates: &[Candidate]) {
+        self.prefetched
+            .push(candidates.iter().map(|c| c.trace.to_json()).collect());
+    }
+
+    fn prefetches(&self) -> bool {
+        self.prefetches
     }
 
     fn measure(&mut self, candidates: &[Candidate]) -> Vec<MeasureResult> {
@@ -374,6 +388,7 @@ fn opts(seed: u64) -> SearchOptions {
         batch: 8,
         epsilon: 0.25,
         crossover: 0.3,
+        pipeline: false,
         seed,
     }
 }
@@ -398,6 +413,43 @@ fn the_same_seed_gives_the_same_run() {
         a.len(),
         "a candidate was measured twice"
     );
+}
+
+#[test]
+fn a_pipelined_run_prefetches_each_batch_before_measuring_it_and_nothing_twice() {
+    let run = |pipeline: bool, prefetches: bool| {
+        let mut m = FakeMeasurer::new();
+        m.prefetches = prefetches;
+        let mut model = RandomModel::new(7);
+        let mut ts = tasks();
+        let o = SearchOptions {
+            pipeline,
+            ..opts(7)
+        };
+        Tuner::new(&mut m, &mut model, None, "fake", o)
+            .tune(&mut ts, 45, &mut |_| {})
+            .unwrap();
+        assert_eq!(ts.iter().map(|t| t.trials).sum::<usize>(), 45);
+        m
+    };
+    let m = run(true, true);
+    assert_eq!(m.measured.len(), 45);
+    assert_eq!(
+        m.measured.iter().collect::<HashSet<_>>().len(),
+        45,
+        "a candidate was measured twice"
+    );
+    // Every batch but the first was announced, in the order it was then measured, and
+    // nothing was announced past the trial budget (8 + 8 + 8 + 8 + 8 + 5).
+    let sizes: Vec<usize> = m.prefetched.iter().map(Vec::len).collect();
+    assert_eq!(sizes, [8, 8, 8, 8, 5]);
+    let announced: Vec<String> = m.prefetched.concat();
+    assert_eq!(announced, m.measured[8..]);
+    // A measurer that cannot prefetch gets the unpipelined search, the same as without.
+    let plain = run(false, true);
+    assert!(plain.prefetched.is_empty());
+    assert_eq!(run(true, false).measured, plain.measured);
+    assert_ne!(m.measured, plain.measured);
 }
 
 #[test]

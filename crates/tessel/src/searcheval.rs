@@ -75,6 +75,10 @@ pub struct SearchEvalOptions {
     /// OpenMP threads per kernel.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 1))]
     pub threads: usize,
+    /// As `tune --no-pipeline` (both rankings): each batch proposed after the previous
+    /// one's results.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub no_pipeline: bool,
     /// Compute the report from the logs as they are; measure nothing.
     #[cfg_attr(feature = "clap", arg(long))]
     pub report_only: bool,
@@ -103,6 +107,7 @@ impl SearchEvalOptions {
             out,
             instructions: Vec::new(),
             threads: 1,
+            no_pipeline: false,
             report_only: false,
             worker_exe: None,
         }
@@ -234,6 +239,7 @@ pub fn search_eval(o: &SearchEvalOptions, progress: &mut dyn Progress) -> Result
     template.generations = o.generations;
     template.crossover = o.crossover;
     template.threads = o.threads;
+    template.no_pipeline = o.no_pipeline;
     template.instructions = o.instructions.clone();
     template.worker_exe = o.worker_exe.clone();
     check_search_options(&template)?;
@@ -356,6 +362,11 @@ fn check_settings(o: &SearchEvalOptions, workloads: &[Workload], model: &str) ->
         && let Some(map) = here.as_object_mut()
     {
         map.insert("random_trials".into(), random_trials.into());
+    }
+    if o.no_pipeline
+        && let Some(map) = here.as_object_mut()
+    {
+        map.insert("pipeline".into(), false.into());
     }
     let path = o.out.join(SETTINGS_FILE);
     match std::fs::read_to_string(&path) {

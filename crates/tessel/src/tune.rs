@@ -100,6 +100,12 @@ pub struct TuneOptions {
     /// Share of each round's candidates drawn at random.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 0.2))]
     pub epsilon: f64,
+    /// Propose each batch only after the previous one is measured. By default, when kernels
+    /// run on one thread and a second core is free, the next batch is proposed one round
+    /// early and compiles on that core while this one is timed (its model is then one batch
+    /// behind).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub no_pipeline: bool,
     /// Search only these CPU instructions (comma-separated): ids (`avx2.vpmaddwd`), families
     /// (`avx2-int8`) or instruction-set prefixes (`avx2`, `avx512`, `amx`, `avxvnni`), as
     /// oneDNN's max ISA does. Default: every instruction this CPU has.
@@ -130,6 +136,7 @@ impl TuneOptions {
             crossover: 0.3,
             measure_batch: 16,
             epsilon: 0.2,
+            no_pipeline: false,
             instructions: Vec::new(),
             worker_exe: None,
         }
@@ -376,6 +383,7 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
         batch: opts.measure_batch,
         epsilon: opts.epsilon,
         crossover: opts.crossover,
+        pipeline: !opts.no_pipeline,
         seed: opts.seed,
     };
     let (log, resumed) = match &opts.log {

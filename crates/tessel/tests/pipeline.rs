@@ -307,6 +307,22 @@ fn tune_logs_every_trial_and_its_best_becomes_c() {
     let again = tessel::tune(&opts, &mut NoProgress).unwrap();
     assert_eq!((again.measured_this_run, again.resumed_from_log), (0, 8));
 
+    // Without the pipeline (each batch proposed after the last one's results), the same
+    // count, in a log of its own. (With two cores, the run above was pipelined.)
+    let serial_log = dir.join("serial.jsonl");
+    let serial = TuneOptions {
+        no_pipeline: true,
+        log: Some(serial_log.clone()),
+        ..opts.clone()
+    };
+    let report = tessel::tune(&serial, &mut NoProgress).unwrap();
+    assert_eq!((report.trials, report.measured_this_run), (8, 8));
+    let lines = std::fs::read_to_string(&serial_log)
+        .unwrap()
+        .lines()
+        .count();
+    assert_eq!(lines, 8);
+
     let best = tessel::best(&log, &mut NoProgress).unwrap();
     assert_eq!(best.len(), 1);
     assert_eq!(best[0].latency().map(|l| l * 1e3), task.latency_ms);
