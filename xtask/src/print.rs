@@ -421,6 +421,7 @@ pub fn held_out(r: &tessel::HeldOutReport) {
         "ridge",
         "trees",
         "roofline",
+        "ensemble",
         "random",
     ];
     line("network", "tasks", &rankers.map(String::from));
@@ -439,6 +440,7 @@ pub fn held_out(r: &tessel::HeldOutReport) {
                 cell(Some(&s.ridge)),
                 cell(Some(&s.gbt)),
                 cell(Some(&s.roofline)),
+                cell(Some(&s.ensemble)),
                 cell(Some(&s.random)),
             ],
         )

@@ -87,6 +87,9 @@ pub struct Scores {
     pub gbt: Metrics,
     /// The analytic roofline estimate, fitted on nothing.
     pub roofline: Metrics,
+    /// The model, the trees and ridge together: per task, the mean of their standardised
+    /// scores (`metrics::ensemble`).
+    pub ensemble: Metrics,
     /// A random ranking.
     pub random: Metrics,
 }
@@ -198,6 +201,7 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
     progress.note("fitting gradient-boosted trees");
     let gbt = gbt_rank(&train_set, &test_set, o.seed);
     let roofline = roofline_rank(&test_set);
+    let together = metrics::ensemble(&[&ranked, &gbt, &ridge]);
     let (prim_ranked, ablation_best_epoch) = match ablation {
         Some(((mut m, best), prim)) => (Some(rank(&mut m, &prim.subset(&test_ids))), Some(best)),
         None => (None, None),
@@ -236,6 +240,7 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
                 ridge: metrics::evaluate(&pick(&ridge)),
                 gbt: metrics::evaluate(&pick(&gbt)),
                 roofline: metrics::evaluate(&pick(&roofline)),
+                ensemble: metrics::evaluate(&pick(&together)),
                 random: metrics::random_baseline(&model_r, 20, o.seed),
             },
         });
@@ -248,6 +253,7 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
         ridge: mean(networks.iter().map(|n| n.scores.ridge)),
         gbt: mean(networks.iter().map(|n| n.scores.gbt)),
         roofline: mean(networks.iter().map(|n| n.scores.roofline)),
+        ensemble: mean(networks.iter().map(|n| n.scores.ensemble)),
         random: mean(networks.iter().map(|n| n.scores.random)),
     };
     Ok(HeldOutReport {

@@ -585,6 +585,7 @@ fn held_out_networks_are_never_trained_on_and_are_scored_per_network() {
         ablation,
         n.scores.ridge,
         n.scores.gbt,
+        n.scores.ensemble,
         n.scores.random,
     ] {
         assert!((0.0..=1.0).contains(&m.top1) && m.top5 >= m.top1, "{m:?}");
