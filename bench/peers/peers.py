@@ -123,10 +123,13 @@ def tvm_peer(spec, trials, isa, work):
             "trials": trials, "wall_s": wall, "note": f"mcpu {r['mcpu']}, correct={r['correct']}"}
 
 
-def tessel_peer(spec, trials, isa, work):
+def tessel_peer(spec, trials, isa, work, prepacked=False):
     log = os.path.join(work, "tessel.jsonl")
     env = {}
     cmd = [XTASK, "tune", "--workload", spec, "--trials", str(trials), "--log", log, "--json"]
+    if prepacked:
+        # Timed as oneDNN is: the weights packed once beforehand (export's pre-packed entry).
+        cmd += ["--prepacked-weights"]
     if isa == "avx2":
         env["TESSEL_MARCH"] = "znver3"
         cmd += ["--instructions", "avx2"]
@@ -145,7 +148,8 @@ def tessel_peer(spec, trials, isa, work):
                 lat = ok["timing"]["median_s"]
                 best = lat if best is None else min(best, lat)
             curve.append((rec["time"] - start, best))
-    return {"peer": "tessel", "ms": task.get("remeasured_ms") or task["latency_ms"],
+    return {"peer": "tessel (pre-packed weights)" if prepacked else "tessel",
+            "ms": task.get("remeasured_ms") or task["latency_ms"],
             "db_ms": task["latency_ms"], "trials": trials, "wall_s": wall,
             "spread": task.get("allocation_spread"), "curve": curve,
             "note": (task.get("mapping") or "vectorized loops").split(";")[0]}
@@ -160,6 +164,9 @@ def main():
     ap.add_argument("--isa", choices=["native", "avx2"], default="native")
     ap.add_argument("--skip", default="", help="comma-separated: numpy,onednn,tvm,tessel")
     ap.add_argument("--out", default="peers.json")
+    ap.add_argument("--prepacked-weights", action="store_true",
+                    help="tessel times its kernels with the weights packed beforehand, as oneDNN's "
+                         "pre-packed matmul and convolution are timed here")
     a = ap.parse_args()
     for path, what in [(PY, "bench/peers/install.sh"), (ONEDNN, "bench/peers/install.sh"),
                        (XTASK, "cargo build --release -p xtask")]:
@@ -182,7 +189,7 @@ def main():
         if "tvm" not in skip:
             jobs.append(lambda: tvm_peer(spec, a.ms_trials, a.isa, os.path.join(work, "ms")))
         if "tessel" not in skip:
-            jobs.append(lambda: tessel_peer(spec, a.trials, a.isa, work))
+            jobs.append(lambda: tessel_peer(spec, a.trials, a.isa, work, a.prepacked_weights))
         for job in jobs:
             try:
                 r = job()
@@ -193,7 +200,7 @@ def main():
             results.append(r)
         libs = [r["gflops"] for r in results if r["gflops"] and r["peer"].startswith(("OpenBLAS", "oneDNN"))]
         ms_ = next((r for r in results if r["peer"].startswith("TVM") and r.get("ms")), None)
-        ts = next((r for r in results if r["peer"] == "tessel" and r.get("ms")), None)
+        ts = next((r for r in results if r["peer"].startswith("tessel") and r.get("ms")), None)
         summary = {}
         if ts and libs:
             summary["tessel_vs_best_library"] = ts["gflops"] / max(libs)

@@ -10,12 +10,12 @@ use tessel_measure::{
     Measurer,
 };
 
-use crate::codegen::{Kernel, generate, module_source};
+use crate::codegen::{Kernel, generate, generate_prepacked, module_source};
 use crate::compile::{Compiler, Library, Mode, content_key};
-use crate::error::{CompileError, CpuError};
+use crate::error::{CodegenError, CompileError, CpuError};
 use crate::fingerprint::fingerprint;
 use crate::worker::{
-    Job, Phase, Reference, Reply, TimingOptions, Worker, WorkerCommand, tolerance,
+    Job, Phase, Prepack, Reference, Reply, TimingOptions, Worker, WorkerCommand, tolerance,
 };
 use tessel_measure::worker::WorkerError;
 
@@ -58,6 +58,9 @@ pub struct KernelJob {
     pub mode: Mode,
     /// The candidate's budget for its checked run ([`Candidate::budget_s`]).
     pub budget_s: Option<f64>,
+    /// The function that packs the weights of a pre-packed `kernel`, with the input it packs
+    /// and the packed size in bytes ([`Candidate::prepacked_weights`]).
+    pub pack: Option<(Kernel, usize, u64)>,
 }
 
 /// A checked run still going after this many budgets is stopped and recorded as censored
@@ -164,14 +167,37 @@ impl CpuMeasurer {
             .trace
             .lower(&c.op, &self.catalog)
             .map_err(|e| MeasureError::new(MeasureErrorKind::Schedule, e.to_string()))?;
-        let kernel = generate(&program, name, &self.catalog)
-            .map_err(|e| MeasureError::new(MeasureErrorKind::Codegen, e.to_string()))?;
+        let codegen = |e: CodegenError| MeasureError::new(MeasureErrorKind::Codegen, e.to_string());
+        // Weights the schedule packs at its root come packed; otherwise the kernel as is.
+        let prepacked = match c.prepacked_weights {
+            Some(i) => {
+                generate_prepacked(&program, name, &format!("{name}_pack"), i, &self.catalog)
+                    .map_err(codegen)?
+            }
+            None => None,
+        };
+        let (kernel, pack) = match prepacked {
+            Some(p) => {
+                let bytes = p
+                    .packed_elements()
+                    .checked_mul(p.packed_dtype.bytes() as u64)
+                    .ok_or_else(|| {
+                        MeasureError::new(MeasureErrorKind::Codegen, "packed weights overflow")
+                    })?;
+                (p.kernel, Some((p.pack, p.operand, bytes)))
+            }
+            None => (
+                generate(&program, name, &self.catalog).map_err(codegen)?,
+                None,
+            ),
+        };
         let mode = self.mode_for(&kernel)?;
         Ok(KernelJob {
             op: c.op.clone(),
             kernel,
             mode,
             budget_s: c.budget_s,
+            pack,
         })
     }
 
@@ -266,10 +292,13 @@ impl CpuMeasurer {
                     live.push((i, Reference::Interpreter));
                 }
             }
-            let mut kernels: Vec<Kernel> = live
-                .iter()
-                .filter_map(|&(i, _)| jobs[i].as_ref().ok().map(|j| j.kernel.clone()))
-                .collect();
+            let mut kernels: Vec<Kernel> = Vec::new();
+            for &(i, _) in &live {
+                if let Ok(j) = &jobs[i] {
+                    kernels.push(j.kernel.clone());
+                    kernels.extend(j.pack.as_ref().map(|p| p.0.clone()));
+                }
+            }
             kernels.extend(refs.into_values());
             let features = kernels
                 .iter()
@@ -345,6 +374,7 @@ impl CpuMeasurer {
                     for (i, r) in &plan.live {
                         let Ok(job) = &jobs[*i] else { continue };
                         let mut ks = vec![&job.kernel];
+                        ks.extend(job.pack.as_ref().map(|p| &p.0));
                         if let Reference::Symbol(s) = r {
                             ks.extend(plan.kernels.iter().find(|k| &k.name == s));
                         }
@@ -398,6 +428,11 @@ impl CpuMeasurer {
             },
             phase,
             reference_cache: Some(self.compiler.cache_dir().join("references")),
+            prepack: job.pack.as_ref().map(|(k, operand, bytes)| Prepack {
+                symbol: k.name.clone(),
+                operand: *operand,
+                bytes: *bytes,
+            }),
         };
         let measurement = |samples: &[f64], max_error: f64, cut_short: bool, medians: &[f64]| {
             let emulated = job.mode == Mode::Emulated;

@@ -52,6 +52,19 @@ pub struct Job {
     /// 46 GFLOP GEMM takes ~18 s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference_cache: Option<PathBuf>,
+    /// Weights packed before the kernel runs (a pre-packed kernel takes the packed copy in
+    /// the input's argument slot): the pack is never timed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prepack: Option<Prepack>,
+}
+
+/// How the weights of a pre-packed kernel are packed: `symbol(args)` with args[0] the input
+/// and args[1] a zeroed buffer of `bytes`, which it fills.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prepack {
+    pub symbol: String,
+    pub operand: usize,
+    pub bytes: u64,
 }
 
 /// A part of a measurement. A parent that wants to stop a kernel far past its budget sends
@@ -164,7 +177,7 @@ impl State {
                     {
                         Some(r) => Some(r),
                         None => {
-                            let (r, seconds) = call_once_timed(f, &mut p.inputs, &job.op);
+                            let (r, seconds) = call_once_timed(f, &mut p.inputs, None, &job.op);
                             if let Some(c) =
                                 cached.filter(|_| seconds >= reference_cache::MIN_SECONDS)
                             {
@@ -178,6 +191,35 @@ impl State {
             };
             self.prepared.insert(key.clone(), p);
         }
+        // Pre-packed weights: packed now (cheap beside the runs), passed in the input's slot.
+        let mut packed: Option<(usize, AlignedBuf)> = match &job.prepack {
+            None => None,
+            Some(pp) => {
+                let pack = match self.kernel(job, &pp.symbol) {
+                    Ok(f) => f,
+                    Err(e) => return Reply::runtime(e),
+                };
+                let p = self.prepared.get_mut(&key).expect("inserted above");
+                let Some(input) = p.inputs.get_mut(pp.operand) else {
+                    return Reply::runtime(format!(
+                        "pre-packed input {} of an operator with {} inputs",
+                        pp.operand,
+                        p.inputs.len()
+                    ));
+                };
+                let Ok(bytes) = usize::try_from(pp.bytes) else {
+                    return Reply::runtime(format!("a packed buffer of {} bytes", pp.bytes));
+                };
+                let mut buf = AlignedBuf::zeroed(bytes);
+                let args = [
+                    input.as_mut_ptr() as *mut c_void,
+                    buf.as_mut_ptr() as *mut c_void,
+                ];
+                // SAFETY: a pack function takes the input and a buffer of the packed size.
+                unsafe { pack(args.as_ptr()) };
+                Some((pp.operand, buf))
+            }
+        };
         let p = self.prepared.get_mut(&key).expect("inserted above");
         if job.phase == Phase::Prepare {
             return Reply::Ok {
@@ -188,9 +230,14 @@ impl State {
             };
         }
         if job.phase == Phase::Time {
-            return time(kernel, p, job, 0.0);
+            return time(kernel, p, packed.as_mut().map(|(i, b)| (*i, b)), job, 0.0);
         }
-        let (got, checked_s) = call_once_timed(kernel, &mut p.inputs, &job.op);
+        let (got, checked_s) = call_once_timed(
+            kernel,
+            &mut p.inputs,
+            packed.as_mut().map(|(i, b)| (*i, b)),
+            &job.op,
+        );
         let mut max_error = 0.0;
         if let Some(want) = &p.reference {
             let (err, at) = max_relative_error(&got, want);
@@ -218,13 +265,25 @@ impl State {
                 allocation_medians: Vec::new(),
             };
         }
-        time(kernel, p, job, max_error)
+        time(
+            kernel,
+            p,
+            packed.as_mut().map(|(i, b)| (*i, b)),
+            job,
+            max_error,
+        )
     }
 }
 
 /// The timed runs of a checked kernel: warm-up, then runs until the timing options are met, on
 /// each allocation of the buffers.
-fn time(kernel: KernelFn, p: &mut Prepared, job: &Job, max_error: f64) -> Reply {
+fn time(
+    kernel: KernelFn,
+    p: &mut Prepared,
+    mut packed: Option<(usize, &mut AlignedBuf)>,
+    job: &Job,
+    max_error: f64,
+) -> Reply {
     let out = &job.op.output.tensor;
     let allocations = job.timing.allocations.max(1);
     let mut samples = Vec::new();
@@ -245,8 +304,22 @@ fn time(kernel: KernelFn, p: &mut Prepared, job: &Job, max_error: f64) -> Reply 
                 .collect()
         };
         let inputs = if a == 0 { &mut p.inputs } else { &mut fresh };
+        // The packed weights too, fresh with the inputs.
+        let mut fresh_packed = match (&mut packed, a) {
+            (Some((_, b)), a) if a > 0 => {
+                let mut c = AlignedBuf::zeroed(b.as_slice().len());
+                c.as_mut_slice().copy_from_slice(b.as_slice());
+                Some(c)
+            }
+            _ => None,
+        };
+        let this_packed = match (&mut packed, &mut fresh_packed) {
+            (Some((i, _)), Some(c)) => Some((*i, c)),
+            (Some((i, b)), None) => Some((*i, &mut **b)),
+            (None, _) => None,
+        };
         let mut output = AlignedBuf::zeroed(out.bytes() as usize);
-        let args = arg_pointers(inputs, &mut output);
+        let args = arg_pointers(inputs, this_packed, &mut output);
         let run = || {
             // SAFETY: the arguments match the kernel's operator, as checked by the run above.
             unsafe { kernel(args.as_ptr()) }
@@ -278,22 +351,38 @@ fn time(kernel: KernelFn, p: &mut Prepared, job: &Job, max_error: f64) -> Reply 
     }
 }
 
-fn arg_pointers(inputs: &mut [AlignedBuf], output: &mut AlignedBuf) -> Vec<*mut c_void> {
+/// One pointer per operand, inputs then the output; a pre-packed input's slot points at its
+/// packed copy.
+fn arg_pointers(
+    inputs: &mut [AlignedBuf],
+    packed: Option<(usize, &mut AlignedBuf)>,
+    output: &mut AlignedBuf,
+) -> Vec<*mut c_void> {
     let mut v: Vec<*mut c_void> = inputs
         .iter_mut()
         .map(|b| b.as_mut_ptr() as *mut c_void)
         .collect();
+    if let Some((i, b)) = packed
+        && let Some(slot) = v.get_mut(i)
+    {
+        *slot = b.as_mut_ptr() as *mut c_void;
+    }
     v.push(output.as_mut_ptr() as *mut c_void);
     v
 }
 
 /// Runs `f` once on a fresh output filled with 0xff bytes (NaN for floats), so that elements
 /// the kernel never writes show up as wrong; returns the output and the seconds the call took.
-fn call_once_timed(f: KernelFn, inputs: &mut [AlignedBuf], op: &ComputeOp) -> (TensorData, f64) {
+fn call_once_timed(
+    f: KernelFn,
+    inputs: &mut [AlignedBuf],
+    packed: Option<(usize, &mut AlignedBuf)>,
+    op: &ComputeOp,
+) -> (TensorData, f64) {
     let out = &op.output.tensor;
     let mut output = AlignedBuf::zeroed(out.bytes() as usize);
     output.as_mut_slice().fill(0xff);
-    let args = arg_pointers(inputs, &mut output);
+    let args = arg_pointers(inputs, packed, &mut output);
     let start = Instant::now();
     // SAFETY: one pointer per operand of `op`, each to a buffer of the declared size.
     unsafe { f(args.as_ptr()) };

@@ -39,6 +39,7 @@ fn crashing_hanging_and_wrong_kernels_become_error_records() {
             kernel: k,
             mode: Mode::Native,
             budget_s: None,
+            pack: None,
         })
     };
     let jobs = vec![
@@ -108,6 +109,7 @@ fn a_hanging_kernel_times_out_and_the_next_one_runs() {
             kernel: hang,
             mode: Mode::Native,
             budget_s: None,
+            pack: None,
         }),
         Ok(good),
     ];
@@ -215,6 +217,7 @@ fn a_checked_run_far_past_its_budget_is_stopped_and_recorded_as_censored() {
             kernel,
             mode: Mode::Native,
             budget_s: Some(budget_s),
+            pack: None,
         })
     };
     // Sleeps 30 s: far past 2 budgets of 1 ms (and past the half-second floor), far short of
@@ -406,6 +409,7 @@ fn under_a_loose_budget_the_workers_timeout_censors_the_check_and_keeps_a_slow_t
             mode: Mode::Native,
             // Deadlines of 2 budgets (200 s) that the 2.5 s timeout cuts.
             budget_s: Some(100.0),
+            pack: None,
         })
     };
     let r = m.measure_kernels(&[job(sleepy("sleeps_10", 10)), job(sleepy("sleeps_1", 1))]);
@@ -448,6 +452,7 @@ fn a_long_checked_run_is_the_whole_measurement() {
             kernel: slow.clone(),
             mode: Mode::Native,
             budget_s,
+            pack: None,
         })
     };
     let long = tessel_cpu::TimingOptions {

@@ -203,3 +203,37 @@ fn a_padded_register_block_over_a_packed_a_block_is_exact() {
     let results = measurer(true).measure(&cands);
     assert_all_ok(&labels, &results);
 }
+
+#[test]
+fn a_kernel_whose_weights_come_packed_computes_the_same_on_every_allocation() {
+    // The int8 reference schedule packs B (the weights) into i16 at its root.
+    let w = workload("gemm:m=64,n=64,k=64,dtype=u8,wdtype=i8");
+    let trace = reference_gemm(&w, "avx2.vpmaddwd", None).unwrap();
+    let plain = Candidate::new(w.to_op(), trace);
+    let packed = plain.clone().with_prepacked_weights(w.weight_input());
+    let mut m = common::measurer_with(tessel_cpu::CpuOptions {
+        emulate: true,
+        timing: tessel_cpu::TimingOptions {
+            allocations: 2,
+            ..tessel_cpu::TimingOptions::single_run()
+        },
+        ..Default::default()
+    });
+    // The pre-packed kernel takes the packed copy in B's slot; a pack function fills it.
+    let job = m.prepare(&packed, "k").unwrap();
+    let (pack, operand, bytes) = job.pack.as_ref().expect("B is packed at the root");
+    assert_eq!((*operand, *bytes), (1, 64 * 64 * 2));
+    assert!(
+        job.kernel.source.contains("arrives packed"),
+        "{}",
+        pack.source
+    );
+    assert!(m.prepare(&plain, "k").unwrap().pack.is_none());
+
+    let r = m.measure(&[plain, packed]);
+    let (a, b) = (r[0].as_ref().unwrap(), r[1].as_ref().unwrap());
+    // Exact integers both ways, timed on two allocations each; another kernel was timed.
+    assert_eq!((a.max_error, b.max_error), (0.0, 0.0));
+    assert!(b.allocation_spread.is_some(), "{b:?}");
+    assert_ne!(a.kernel, b.kernel);
+}

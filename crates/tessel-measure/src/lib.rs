@@ -53,6 +53,11 @@ pub struct Candidate {
     /// the task's best teaches as much from one run as from twenty. `None`: no limit. The
     /// CPU measurer honours it; the GPU ones time every candidate in full.
     pub budget_s: Option<f64>,
+    /// The input that holds weights, packed once before the kernel is checked and timed
+    /// where the schedule packs it at its root: the timing is then that of the pre-packed
+    /// entry point `export` ships (and of oneDNN's matmul with pre-packed weights). `None`:
+    /// the kernel packs every input on every call. The CPU measurer honours it.
+    pub prepacked_weights: Option<usize>,
 }
 
 impl Candidate {
@@ -61,7 +66,15 @@ impl Candidate {
             op,
             trace,
             budget_s: None,
+            prepacked_weights: None,
         }
+    }
+
+    /// The same candidate timed with input `weights` packed beforehand (see
+    /// [`Candidate::prepacked_weights`]).
+    pub fn with_prepacked_weights(mut self, weights: Option<usize>) -> Self {
+        self.prepacked_weights = weights;
+        self
     }
 
     /// The same candidate with a time budget for its checked run.

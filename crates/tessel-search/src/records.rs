@@ -39,6 +39,11 @@ pub struct TuningRecord {
     /// all random).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampler: Option<String>,
+    /// Timed with the weights packed beforehand (`tune --prepacked-weights`): a root pack of
+    /// the weights is not in the latency. Such records are not comparable with the others,
+    /// so a run resumes only the records of its own kind.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prepacked_weights: bool,
 }
 
 impl TuningRecord {
@@ -61,7 +66,14 @@ impl TuningRecord {
             version: TESSEL_VERSION.to_string(),
             time: now(),
             sampler: None,
+            prepacked_weights: false,
         }
+    }
+
+    /// The record of a candidate timed with its weights packed beforehand.
+    pub fn with_prepacked_weights(mut self, prepacked: bool) -> Self {
+        self.prepacked_weights = prepacked;
+        self
     }
 
     /// The record with how its candidate was chosen (`random` or `search`).

@@ -62,6 +62,11 @@ pub struct SearchOptions {
     /// from are one batch behind. Only where the measurer prefetches
     /// ([`Measurer::prefetches`]); elsewhere the search is the same as without.
     pub pipeline: bool,
+    /// Time each candidate with its weights packed beforehand where its schedule packs them
+    /// at its root ([`tessel_measure::Candidate::prepacked_weights`]): the latency of the
+    /// pre-packed entry point `export` ships. Records say so, and a run resumes only records
+    /// timed the same way.
+    pub prepacked_weights: bool,
     pub seed: u64,
 }
 
@@ -74,6 +79,7 @@ impl Default for SearchOptions {
             epsilon: 0.2,
             crossover: 0.0,
             pipeline: false,
+            prepacked_weights: false,
             seed: 1,
         }
     }
@@ -285,6 +291,11 @@ impl<'a> Tuner<'a> {
             if r.target != self.target || r.fingerprint.key() != fp {
                 continue;
             }
+            // Timed with the weights packed beforehand, or not: another latency.
+            if r.prepacked_weights != self.opts.prepacked_weights {
+                self.stats.resume_rejected += 1;
+                continue;
+            }
             let spec = r.workload.as_str();
             let Some(t) = tasks.iter_mut().find(|t| t.workload.to_string() == spec) else {
                 continue;
@@ -356,7 +367,7 @@ impl<'a> Tuner<'a> {
                     .extend(proposals.iter().map(|p| p.key.clone()));
                 if let Some(tj) = self.pick_task(tasks) {
                     let next = self.propose(&mut tasks[tj], left.min(batch));
-                    let cands = Self::candidates(&tasks[tj], &next);
+                    let cands = self.candidates(&tasks[tj], &next);
                     // Waits for this batch's compilation, then starts the next one's.
                     let t = Instant::now();
                     self.measurer.prefetch(&cands);
@@ -527,19 +538,25 @@ impl<'a> Tuner<'a> {
 
     /// What the measurer gets of a batch: each trace on the task's operator, with the
     /// checked-run budget of the task's best so far.
-    fn candidates(task: &Task, batch: &[Proposal]) -> Vec<tessel_measure::Candidate> {
+    fn candidates(&self, task: &Task, batch: &[Proposal]) -> Vec<tessel_measure::Candidate> {
         let op = task.space.op();
         let budget = task.best.as_ref().map(|b| cut_short_budget(b.latency_s));
+        let weights = task
+            .workload
+            .weight_input()
+            .filter(|_| self.opts.prepacked_weights);
         batch
             .iter()
             .map(|p| {
-                tessel_measure::Candidate::new(op.clone(), p.trace.clone()).with_budget(budget)
+                tessel_measure::Candidate::new(op.clone(), p.trace.clone())
+                    .with_budget(budget)
+                    .with_prepacked_weights(weights)
             })
             .collect()
     }
 
     fn measure_batch(&mut self, task: &mut Task, batch: Vec<Proposal>) -> Result<(), SearchError> {
-        let cands = Self::candidates(task, &batch);
+        let cands = self.candidates(task, &batch);
         let t = Instant::now();
         let results = self.measurer.measure(&cands);
         self.measured_at = Instant::now();
@@ -558,6 +575,7 @@ impl<'a> Tuner<'a> {
                     r.clone(),
                 )
                 .with_sampler("search")
+                .with_prepacked_weights(self.opts.prepacked_weights)
             })
             .collect();
         // Durable before anything learns from it.

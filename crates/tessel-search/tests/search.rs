@@ -20,6 +20,8 @@ struct FakeMeasurer {
     fp: HardwareFingerprint,
     measured: Vec<String>,
     budgets: Vec<Option<f64>>,
+    /// Each measured candidate's pre-packed input.
+    prepacked: Vec<Option<usize>>,
     /// Whether it says it prefetches, and the batches it was told of, in order.
     prefetches: bool,
     prefetched: Vec<Vec<String>>,
@@ -35,6 +37,7 @@ impl FakeMeasurer {
             },
             measured: Vec::new(),
             budgets: Vec::new(),
+            prepacked: Vec::new(),
             prefetches: false,
             prefetched: Vec::new(),
         }
@@ -62,6 +65,7 @@ impl Measurer for FakeMeasurer {
                 let json = c.trace.to_json();
                 self.measured.push(json.clone());
                 self.budgets.push(c.budget_s);
+                self.prepacked.push(c.prepacked_weights);
                 let mut h = std::collections::hash_map::DefaultHasher::new();
                 json.hash(&mut h);
                 let t = 1e-3 * (1.0 + (h.finish() % 1000) as f64 / 1000.0);
@@ -389,6 +393,7 @@ fn opts(seed: u64) -> SearchOptions {
         epsilon: 0.25,
         crossover: 0.3,
         pipeline: false,
+        prepacked_weights: false,
         seed,
     }
 }
@@ -588,6 +593,44 @@ fn a_rerun_resumes_from_the_log_and_measures_nothing_twice() {
         .filter_map(|r| r.latency())
         .fold(f64::INFINITY, f64::min);
     assert_eq!(best, logged_best);
+}
+
+#[test]
+fn pre_packed_weights_reach_the_measurer_and_the_log_and_only_resume_their_kind() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("prepacked");
+    let _ = std::fs::remove_dir_all(&dir);
+    let path = dir.join("log.jsonl");
+    let packed = SearchOptions {
+        prepacked_weights: true,
+        ..opts(4)
+    };
+    let mut m = FakeMeasurer::new();
+    {
+        let mut model = RandomModel::new(4);
+        let mut ts = tasks();
+        let log = RecordLog::open(&path).unwrap();
+        Tuner::new(&mut m, &mut model, Some(log), "fake", packed.clone())
+            .tune(&mut ts, 16, &mut |_| {})
+            .unwrap();
+    }
+    // The gemm's and the dense layer's weights are their second operand.
+    assert_eq!(m.prepacked, vec![Some(1); 16]);
+    let records = read_log(&path).unwrap().records;
+    assert!(records.iter().all(|r| r.prepacked_weights));
+    // A run that packs every call resumes none of them; one of the same kind, all.
+    for (o, resumed) in [(opts(5), 0), (packed, 16)] {
+        let mut m = FakeMeasurer::new();
+        let mut model = RandomModel::new(5);
+        let mut ts = tasks();
+        let prepacked = o.prepacked_weights;
+        let mut tuner = Tuner::new(&mut m, &mut model, None, "fake", o);
+        tuner.resume(&mut ts, &records);
+        assert_eq!(tuner.stats.resumed, resumed);
+        assert_eq!(tuner.stats.resume_rejected, 16 - resumed);
+        tuner.tune(&mut ts, 24, &mut |_| {}).unwrap();
+        let want = if prepacked { Some(1) } else { None };
+        assert!(m.prepacked.iter().all(|p| *p == want), "{:?}", m.prepacked);
+    }
 }
 
 #[test]

@@ -30,6 +30,10 @@ pub struct MeasureOptions {
     /// Run instructions this CPU lacks on their scalar emulation (correctness only).
     #[cfg_attr(feature = "clap", arg(long))]
     pub emulate: bool,
+    /// Pack the weights before timing where the schedule packs them at its root, as `tune
+    /// --prepacked-weights` does: the pre-packed entry point's latency.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub prepacked_weights: bool,
     /// The measurement worker executable (default: this program).
     #[cfg_attr(feature = "clap", arg(skip))]
     pub worker_exe: Option<PathBuf>,
@@ -98,7 +102,8 @@ fn target_options(o: &MeasureOptions) -> TargetOptions {
 pub fn measure(o: &MeasureOptions) -> Result<MeasureReport> {
     let trace = schedule_of(o)?;
     let mut m = cpu_measurer(&target_options(o))?;
-    let candidate = Candidate::new(o.workload.to_op(), trace);
+    let weights = o.workload.weight_input().filter(|_| o.prepacked_weights);
+    let candidate = Candidate::new(o.workload.to_op(), trace).with_prepacked_weights(weights);
     let r = m.measure(std::slice::from_ref(&candidate)).remove(0)?;
     Ok(MeasureReport {
         workload: o.workload.to_string(),

@@ -106,6 +106,12 @@ pub struct TuneOptions {
     /// behind).
     #[cfg_attr(feature = "clap", arg(long))]
     pub no_pipeline: bool,
+    /// Time each candidate with its weights (the second operand of a gemm, dense layer or
+    /// convolution) packed beforehand, where its schedule packs them at its root: the latency
+    /// of the pre-packed entry point `export` ships, and of oneDNN's matmul with pre-packed
+    /// weights. The log's records say so; a log of the other kind is not resumed.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub prepacked_weights: bool,
     /// Search only these CPU instructions (comma-separated): ids (`avx2.vpmaddwd`), families
     /// (`avx2-int8`) or instruction-set prefixes (`avx2`, `avx512`, `amx`, `avxvnni`), as
     /// oneDNN's max ISA does. Default: every instruction this CPU has.
@@ -137,6 +143,7 @@ impl TuneOptions {
             measure_batch: 16,
             epsilon: 0.2,
             no_pipeline: false,
+            prepacked_weights: false,
             instructions: Vec::new(),
             worker_exe: None,
         }
@@ -384,6 +391,7 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
         epsilon: opts.epsilon,
         crossover: opts.crossover,
         pipeline: !opts.no_pipeline,
+        prepacked_weights: opts.prepacked_weights,
         seed: opts.seed,
     };
     let (log, resumed) = match &opts.log {
@@ -519,9 +527,12 @@ fn remeasure(
         .iter()
         .enumerate()
         .filter_map(|(i, t)| {
-            t.best
-                .as_ref()
-                .map(|b| (i, Candidate::new(t.workload.to_op(), b.trace.clone())))
+            t.best.as_ref().map(|b| {
+                let weights = t.workload.weight_input().filter(|_| opts.prepacked_weights);
+                let c = Candidate::new(t.workload.to_op(), b.trace.clone())
+                    .with_prepacked_weights(weights);
+                (i, c)
+            })
         })
         .collect();
     if best.is_empty() {

@@ -323,6 +323,21 @@ fn tune_logs_every_trial_and_its_best_becomes_c() {
         .count();
     assert_eq!(lines, 8);
 
+    // Timed with the weights packed beforehand: another latency, so a copy of the log has
+    // nothing to resume; the new records say how they were timed.
+    let mixed = dir.join("mixed.jsonl");
+    std::fs::copy(&log, &mixed).unwrap();
+    let prepacked = TuneOptions {
+        prepacked_weights: true,
+        log: Some(mixed.clone()),
+        ..opts.clone()
+    };
+    let report = tessel::tune(&prepacked, &mut NoProgress).unwrap();
+    assert_eq!((report.measured_this_run, report.resumed_from_log), (8, 0));
+    let records = tessel::search::read_log(&mixed).unwrap().records;
+    assert_eq!(records.len(), 16);
+    assert_eq!(records.iter().filter(|r| r.prepacked_weights).count(), 8);
+
     let best = tessel::best(&log, &mut NoProgress).unwrap();
     assert_eq!(best.len(), 1);
     assert_eq!(best[0].latency().map(|l| l * 1e3), task.latency_ms);
