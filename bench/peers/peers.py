@@ -124,6 +124,7 @@ def tvm_peer(spec, trials, isa, work):
 
 
 def tessel_peer(spec, trials, isa, work, prepacked=False):
+    os.makedirs(work, exist_ok=True)
     log = os.path.join(work, "tessel.jsonl")
     env = {}
     cmd = [XTASK, "tune", "--workload", spec, "--trials", str(trials), "--log", log, "--json"]
@@ -165,8 +166,8 @@ def main():
     ap.add_argument("--skip", default="", help="comma-separated: numpy,onednn,tvm,tessel")
     ap.add_argument("--out", default="peers.json")
     ap.add_argument("--prepacked-weights", action="store_true",
-                    help="tessel times its kernels with the weights packed beforehand, as oneDNN's "
-                         "pre-packed matmul and convolution are timed here")
+                    help="a second tessel row: tuned and timed with the weights packed beforehand, "
+                         "as oneDNN's pre-packed matmul and convolution are timed here")
     a = ap.parse_args()
     for path, what in [(PY, "bench/peers/install.sh"), (ONEDNN, "bench/peers/install.sh"),
                        (XTASK, "cargo build --release -p xtask")]:
@@ -189,7 +190,9 @@ def main():
         if "tvm" not in skip:
             jobs.append(lambda: tvm_peer(spec, a.ms_trials, a.isa, os.path.join(work, "ms")))
         if "tessel" not in skip:
-            jobs.append(lambda: tessel_peer(spec, a.trials, a.isa, work, a.prepacked_weights))
+            jobs.append(lambda: tessel_peer(spec, a.trials, a.isa, work))
+            if a.prepacked_weights:
+                jobs.append(lambda: tessel_peer(spec, a.trials, a.isa, os.path.join(work, "pp"), True))
         for job in jobs:
             try:
                 r = job()
@@ -201,9 +204,12 @@ def main():
         libs = [r["gflops"] for r in results if r["gflops"] and r["peer"].startswith(("OpenBLAS", "oneDNN"))]
         ms_ = next((r for r in results if r["peer"].startswith("TVM") and r.get("ms")), None)
         ts = next((r for r in results if r["peer"].startswith("tessel") and r.get("ms")), None)
+        pp = next((r for r in results if r["peer"] == "tessel (pre-packed weights)" and r.get("ms")), None)
         summary = {}
         if ts and libs:
             summary["tessel_vs_best_library"] = ts["gflops"] / max(libs)
+        if pp and libs:
+            summary["prepacked_tessel_vs_best_library"] = pp["gflops"] / max(libs)
         if ts and ms_:
             summary["tessel_vs_metaschedule"] = ts["gflops"] / ms_["gflops"]
             # When tessel's best-so-far first reached MetaSchedule's re-measured best.
@@ -227,6 +233,8 @@ def main():
         parts = []
         if "tessel_vs_best_library" in s:
             parts.append(f"tessel / best library {s['tessel_vs_best_library']:.2f}x")
+        if "prepacked_tessel_vs_best_library" in s:
+            parts.append(f"pre-packed {s['prepacked_tessel_vs_best_library']:.2f}x")
         if "tessel_vs_metaschedule" in s:
             parts.append(f"tessel / MetaSchedule {s['tessel_vs_metaschedule']:.2f}x")
         if s.get("tessel_s_to_metaschedule_best") is not None:
