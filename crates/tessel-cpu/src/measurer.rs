@@ -191,7 +191,11 @@ impl CpuMeasurer {
                 None,
             ),
         };
-        let mode = self.mode_for(&kernel)?;
+        // The pack function is built with the kernel: the instructions of both decide.
+        let mut mode = self.mode_for(&kernel)?;
+        if let Some((p, ..)) = &pack {
+            mode = mode.max(self.mode_for(p)?);
+        }
         Ok(KernelJob {
             op: c.op.clone(),
             kernel,

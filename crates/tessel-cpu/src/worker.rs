@@ -191,6 +191,14 @@ impl State {
             };
             self.prepared.insert(key.clone(), p);
         }
+        if job.phase == Phase::Prepare {
+            return Reply::Ok {
+                samples: Vec::new(),
+                max_error: 0.0,
+                cut_short: false,
+                allocation_medians: Vec::new(),
+            };
+        }
         // Pre-packed weights: packed now (cheap beside the runs), passed in the input's slot.
         let mut packed: Option<(usize, AlignedBuf)> = match &job.prepack {
             None => None,
@@ -221,14 +229,6 @@ impl State {
             }
         };
         let p = self.prepared.get_mut(&key).expect("inserted above");
-        if job.phase == Phase::Prepare {
-            return Reply::Ok {
-                samples: Vec::new(),
-                max_error: 0.0,
-                cut_short: false,
-                allocation_medians: Vec::new(),
-            };
-        }
         if job.phase == Phase::Time {
             return time(kernel, p, packed.as_mut().map(|(i, b)| (*i, b)), job, 0.0);
         }

@@ -201,8 +201,9 @@ pub struct Stats {
     pub corrupt_lines: usize,
     /// Samples rejected before compilation (capacity checks, invalid schedules).
     pub rejected: usize,
-    /// Log records of a task whose trace does not replay on it, or that use an instruction
-    /// outside the search's set (not counted as trials).
+    /// Log records of a task whose trace does not replay on it, that use an instruction
+    /// outside the search's set, or that were timed with the weights pre-packed when this
+    /// run does not pre-pack them, or the other way round (not counted as trials).
     pub resume_rejected: usize,
     /// Candidates whose checked run was so slow that it was their only run.
     pub cut_short: usize,
@@ -291,15 +292,15 @@ impl<'a> Tuner<'a> {
             if r.target != self.target || r.fingerprint.key() != fp {
                 continue;
             }
+            let spec = r.workload.as_str();
+            let Some(t) = tasks.iter_mut().find(|t| t.workload.to_string() == spec) else {
+                continue;
+            };
             // Timed with the weights packed beforehand, or not: another latency.
             if r.prepacked_weights != self.opts.prepacked_weights {
                 self.stats.resume_rejected += 1;
                 continue;
             }
-            let spec = r.workload.as_str();
-            let Some(t) = tasks.iter_mut().find(|t| t.workload.to_string() == spec) else {
-                continue;
-            };
             // A trace that does not replay on the task is not a trial of it, nor is one on
             // an instruction outside the set this search may use (`tune --instructions`).
             let outside = r.trace.steps.iter().any(|s| match s {

@@ -306,6 +306,12 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
     if let Some(w) = &opts.workload {
         w.validate().with_context(|| format!("workload `{w}`"))?;
     }
+    if opts.prepacked_weights && opts.target != TargetSpec::Cpu {
+        bail!(
+            "--prepacked-weights times CPU kernels with their weights packed beforehand; the target is {}",
+            opts.target
+        );
+    }
     let mut target = Target::open(
         &opts.target,
         &TargetOptions {

@@ -429,6 +429,18 @@ fn narrow_types_tune_through_convert_on_pack_on_the_avx2_instructions() {
     };
     let e = tessel::tune(&bad, &mut NoProgress).unwrap_err().to_string();
     assert!(e.contains("`avx3`") && e.contains("avx2.vpmaddwd"), "{e}");
+    // Pre-packed weights are a CPU timing: a GPU target refuses them.
+    let gpu = TuneOptions {
+        prepacked_weights: true,
+        target: "sim:a100".parse().unwrap(),
+        instructions: Vec::new(),
+        ..bad.clone()
+    };
+    let e = tessel::tune(&gpu, &mut NoProgress).unwrap_err().to_string();
+    assert!(
+        e.contains("--prepacked-weights") && e.contains("sim:a100"),
+        "{e}"
+    );
     if !host.has("amx_tile") {
         let amx = TuneOptions {
             instructions: vec!["amx.tdpbf16ps".into()],
