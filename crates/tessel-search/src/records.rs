@@ -139,9 +139,15 @@ impl TuningRecord {
         self.result.as_ref().ok().map(|m| m.timing.median_s)
     }
 
-    /// What identifies a measured candidate: workload, target, machine and trace.
+    /// What identifies a measured candidate: workload, target, machine and trace, and
+    /// whether its weights were packed beforehand (another latency of the same schedule).
     pub fn key(&self) -> RecordKey {
-        RecordKey::new(&self.workload, &self.target, &self.fingerprint, &self.trace)
+        let key = RecordKey::new(&self.workload, &self.target, &self.fingerprint, &self.trace);
+        if self.prepacked_weights {
+            RecordKey(format!("{}|prepacked-weights", key.0))
+        } else {
+            key
+        }
     }
 }
 

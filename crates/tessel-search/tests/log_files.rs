@@ -99,6 +99,9 @@ fn a_later_record_of_the_same_schedule_supersedes_the_earlier() {
     let mut elsewhere = timed(2.0, Trace::new());
     elsewhere.fingerprint.model = "another CPU".into();
     assert_eq!(supersede(vec![records[0].clone(), elsewhere]).len(), 2);
+    // So is its latency with the weights packed beforehand.
+    let prepacked = timed(0.5, Trace::new()).with_prepacked_weights(true);
+    assert_eq!(supersede(vec![records[0].clone(), prepacked]).len(), 2);
     // Readers that want one record per schedule read the log this way.
     let lines: Vec<String> = records
         .iter()

@@ -213,7 +213,11 @@ fn load_encoded_labeled(
                 .with_context(|| format!("{}: its machine", at()))?;
             targets.insert(fkey.clone(), t);
         }
-        let key = format!("{} @ {} @ {}", r.workload, r.target, fkey);
+        let mut key = format!("{} @ {} @ {}", r.workload, r.target, fkey);
+        // Timed with the weights packed beforehand: not ranked against the other kind.
+        if r.prepacked_weights {
+            key.push_str(" @ prepacked weights");
+        }
         let n = tasks.len();
         let task = *tasks.entry(key).or_insert(n);
         for (e, out) in encodings.iter().zip(samples.iter_mut()) {
