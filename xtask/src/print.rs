@@ -174,7 +174,11 @@ pub fn search_eval(r: &SearchEvalReport) {
             format!("{}{:.1}", mark(t.missed.0), t.model_trials),
             format!("{}{:.1}", mark(t.missed.1), t.random_trials),
             if t.model_trials > 0.0 {
-                format!("{:.2}x", t.random_trials / t.model_trials)
+                format!(
+                    "{}{:.2}x",
+                    ratio_mark(t.missed.0, t.missed.1),
+                    t.random_trials / t.model_trials
+                )
             } else {
                 "-".into()
             },
@@ -185,12 +189,22 @@ pub fn search_eval(r: &SearchEvalReport) {
             t.workload
         );
     }
+    let missed = r
+        .tasks
+        .iter()
+        .fold((0, 0), |(m, n), t| (m + t.missed.0, n + t.missed.1));
     match r.trials_ratio {
         Some(x) => println!(
-            "to {:.0}% of the best: random needs {x:.2}x the model's trials (summed over tasks; a run that missed counts as all its trials)",
+            "to {:.0}% of the best: random needs {}{x:.2}x the model's trials (summed over tasks; a run that missed counts as all its trials)",
             100.0 * r.threshold,
+            ratio_mark(missed.0, missed.1),
         ),
         None => println!("no task has a valid candidate"),
+    }
+    if missed.0 > 0 && missed.1 > 0 {
+        println!(
+            "~: runs of both rankings missed, so that ratio is no bound either way (>=: only random missed; <=: only the model)"
+        );
     }
     if let Some(x) = r.random_best_ratio {
         let missed: usize = r.tasks.iter().map(|t| t.to_random_best_missed).sum();
@@ -219,6 +233,18 @@ pub fn search_eval(r: &SearchEvalReport) {
     }
     for (at, ratio) in &r.best_ratio_at {
         println!("after {at} trials the model's best is {ratio:.3}x random's (geometric mean)");
+    }
+}
+
+/// What random's trials over the model's are, given the runs that missed the threshold (each
+/// counted as all its trials): exact, a lower bound (only random missed), an upper bound
+/// (only the model missed), or no bound at all (both did).
+fn ratio_mark(model_missed: usize, random_missed: usize) -> &'static str {
+    match (model_missed > 0, random_missed > 0) {
+        (false, false) => "",
+        (false, true) => ">=",
+        (true, false) => "<=",
+        (true, true) => "~",
     }
 }
 
@@ -504,4 +530,17 @@ pub fn export(r: &tessel::ExportReport) {
         "  C: #include \"tessel_kernels.h\", link -ltessel_kernels -fopenmp; Rust: path dependency on {}",
         r.out.join("rust").display()
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ratio_mark;
+
+    #[test]
+    fn a_ratio_is_marked_by_which_ranking_missed() {
+        assert_eq!(ratio_mark(0, 0), "");
+        assert_eq!(ratio_mark(0, 3), ">=");
+        assert_eq!(ratio_mark(1, 0), "<=");
+        assert_eq!(ratio_mark(2, 5), "~");
+    }
 }
