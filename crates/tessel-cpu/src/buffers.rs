@@ -42,6 +42,13 @@ impl AlignedBuf {
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
         self.ptr
     }
+
+    /// The same bytes in a buffer of its own (other addresses, other pages).
+    pub fn copy(&self) -> Self {
+        let mut c = AlignedBuf::zeroed(self.len);
+        c.as_mut_slice().copy_from_slice(self.as_slice());
+        c
+    }
 }
 
 impl Drop for AlignedBuf {

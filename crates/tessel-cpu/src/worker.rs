@@ -290,33 +290,24 @@ fn time(
     let mut medians = Vec::new();
     for a in 0..allocations {
         // The first allocation is the checked one; each later one copies the inputs to
-        // fresh memory, so the kernel meets other addresses and other physical pages.
+        // fresh memory, so the kernel meets other addresses and other physical pages. The
+        // packed weights are copied in the weights' slot, where the kernel reads them.
         let mut fresh: Vec<AlignedBuf> = if a == 0 {
             Vec::new()
         } else {
             p.inputs
                 .iter()
-                .map(|b| {
-                    let mut c = AlignedBuf::zeroed(b.as_slice().len());
-                    c.as_mut_slice().copy_from_slice(b.as_slice());
-                    c
+                .enumerate()
+                .map(|(i, b)| match &packed {
+                    Some((w, packed)) if *w == i => packed.copy(),
+                    _ => b.copy(),
                 })
                 .collect()
         };
-        let inputs = if a == 0 { &mut p.inputs } else { &mut fresh };
-        // The packed weights too, fresh with the inputs.
-        let mut fresh_packed = match (&mut packed, a) {
-            (Some((_, b)), a) if a > 0 => {
-                let mut c = AlignedBuf::zeroed(b.as_slice().len());
-                c.as_mut_slice().copy_from_slice(b.as_slice());
-                Some(c)
-            }
-            _ => None,
-        };
-        let this_packed = match (&mut packed, &mut fresh_packed) {
-            (Some((i, _)), Some(c)) => Some((*i, c)),
-            (Some((i, b)), None) => Some((*i, &mut **b)),
-            (None, _) => None,
+        let (inputs, this_packed) = if a == 0 {
+            (&mut p.inputs, packed.as_mut().map(|(i, b)| (*i, &mut **b)))
+        } else {
+            (&mut fresh, None)
         };
         let mut output = AlignedBuf::zeroed(out.bytes() as usize);
         let args = arg_pointers(inputs, this_packed, &mut output);
