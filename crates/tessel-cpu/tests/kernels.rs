@@ -6,7 +6,7 @@ mod common;
 use common::{CPU_INSTRUCTIONS, dtypes, measurer, report_emulated};
 use tessel_cpu::reference::reference_gemm;
 use tessel_intrin::{Catalog, TransformKind, match_op};
-use tessel_ir::{Scope, Trace, Workload};
+use tessel_ir::{LayoutTransform, Scope, Trace, Workload};
 use tessel_measure::{Candidate, Measurer};
 
 fn workload(spec: &str) -> Workload {
@@ -202,6 +202,123 @@ fn a_padded_register_block_over_a_packed_a_block_is_exact() {
     }
     let results = measurer(true).measure(&cands);
     assert_all_ok(&labels, &results);
+}
+
+/// A register-blocked convolution that reads its input in place (no im2col copy): `mr`
+/// output pixels by `nr` vectors of output channels, held across the channel loop.
+fn in_place_conv_trace(op: &tessel_ir::ComputeOp, id: &str, mr: u64, nr: u64) -> Trace {
+    let catalog = Catalog::default();
+    let intr = catalog.get(id).unwrap();
+    // The mapping of output pixels to m, output channels to n, input channels to k.
+    let mappings = match_op(op, intr).unwrap();
+    let m = mappings
+        .iter()
+        .find(|m| {
+            let vars = |d: usize| m.dims[d].vars.join(",");
+            (vars(0), vars(1), vars(2)) == ("p,q".into(), "k".into(), "c".into())
+        })
+        .unwrap_or_else(|| panic!("{id}: no (p q, k, c) mapping"));
+    let mut t = Trace::new();
+    m.cast_steps(&mut t);
+    let outer: Vec<&str> = m.outer.iter().map(String::as_str).collect();
+    let fused = m.fuse_dims(&mut t, &outer);
+    let (fm, fnn, fk) = (&fused[0], &fused[1], &fused[2]);
+    t.split(fm, &[mr, intr.m]).split(fnn, &[nr, intr.n]);
+    let k_tiles = m.dims[2].extent / intr.k;
+    t.split(fk, &[k_tiles, intr.k]);
+    let p = |x: &str, i: u32| format!("{x}.{i}");
+    let mut order: Vec<String> = m
+        .outer
+        .iter()
+        .filter(|v| !["r", "s"].contains(&v.as_str()))
+        .cloned()
+        .collect();
+    order.extend([p(fm, 0), p(fnn, 0), p(fk, 0), "r".into(), "s".into()]);
+    order.extend([p(fk, 1), p(fm, 1), p(fnn, 1), p(fm, 2), p(fnn, 2), p(fk, 2)]);
+    let refs: Vec<&str> = order.iter().map(String::as_str).collect();
+    t.reorder(&refs);
+    // The weights W[k, r, s, c] packed as [r, s, k / (nr n), c / g, nr n, g] (g: the
+    // instruction's k elements per 32-bit lane), so B's tiles are contiguous.
+    let group = if intr.k > 1 {
+        (4 / intr.b.bytes() as u64).min(intr.k)
+    } else {
+        1
+    };
+    let layout = if group > 1 {
+        LayoutTransform {
+            splits: vec![(0, nr * intr.n), (3, group)],
+            order: vec![2, 3, 0, 4, 1, 5],
+        }
+    } else {
+        LayoutTransform {
+            splits: vec![(0, nr * intr.n)],
+            order: vec![2, 3, 0, 4, 1],
+        }
+    };
+    t.pack(m.operands[1], layout);
+    t.cache_write(Scope::new("local").unwrap(), Some(&p(fnn, 0)));
+    t.unroll(&p(fm, 1)).unroll(&p(fnn, 1));
+    t.tensorize(
+        id,
+        &[("m", &p(fm, 2)), ("n", &p(fnn, 2)), ("k", &p(fk, 2))],
+        &m.operands,
+    );
+    t
+}
+
+#[test]
+fn a_padded_convolution_read_in_place_by_a_register_block_is_exact() {
+    // No im2col copy: each of the block's pixels reads the input where it lies, or a buffer
+    // of zeros where its 3x3 window leaves the image (the padded border), chosen once per
+    // (r, s) outside the channel loop.
+    let catalog = Catalog::default();
+    let mut cands = Vec::new();
+    let mut labels = Vec::new();
+    for id in CPU_INSTRUCTIONS {
+        if id.starts_with("amx") {
+            continue;
+        }
+        let lanes = catalog.get(id).unwrap().n;
+        for spec in [
+            format!(
+                "conv2d:n=1,h=6,w=5,c=8,k={},r=3,s=3,stride=1,pad=1,layout=nhwc,{}",
+                2 * lanes,
+                dtypes(id)
+            ),
+            format!(
+                "conv2d:n=2,h=7,w=7,c=8,k={},r=3,s=3,stride=2,pad=2,layout=nhwc,{},epilogue=bias+relu",
+                lanes,
+                dtypes(id)
+            ),
+        ] {
+            let op = workload(&spec).to_op();
+            // 6x5 and 5x5 output pixels: blocks of 3 and 5 pixels divide them; 4 and 3 leave
+            // padding rows, which read zeros.
+            let blocks = if spec.contains("n=1") {
+                [(3, 2), (4, 2)]
+            } else {
+                [(5, 1), (3, 1)]
+            };
+            for (mr, nr) in blocks {
+                let t = in_place_conv_trace(&op, id, mr, nr);
+                let program = t
+                    .lower(&op, &catalog)
+                    .unwrap_or_else(|e| panic!("{id} {spec}: {e}"));
+                let source = tessel_cpu::generate(&program, "k", &catalog)
+                    .unwrap()
+                    .source;
+                assert!(
+                    source.contains("register block") && source.contains("tsl_zero_a"),
+                    "{id} {spec} ({mr} pixels): not read in place by a register block:\n{source}"
+                );
+                labels.push(format!("{id} {spec}: {t}"));
+                cands.push(Candidate::new(op.clone(), t));
+            }
+        }
+    }
+    let results = measurer(true).measure(&cands);
+    assert_all_ok(&labels, &results);
+    report_emulated(&CPU_INSTRUCTIONS);
 }
 
 #[test]

@@ -269,6 +269,56 @@ fn the_blis_seed_blocks_for_the_caches_and_pads_its_last_register_block_without_
     );
 }
 
+#[test]
+fn the_direct_seed_of_a_convolution_keeps_the_window_outside_and_reads_the_input_in_place() {
+    // The most promising mapping of a 3x3 convolution is im2col's (k <- r, s, c); the direct
+    // seed takes the one that leaves r and s outside, 3 pixels by 4 vectors of channels (196
+    // pixels: the last block has 2 padding rows, under 2% waste), with no copy of the input.
+    let op = "conv2d:n=1,h=14,w=14,c=32,k=64,r=3,s=3,stride=1,pad=1,layout=nhwc,dtype=f32"
+        .parse::<Workload>()
+        .unwrap()
+        .to_op();
+    let space = Space::new(&op, &InstructionSet::Only(vec!["avx2.vfmadd231ps".into()]));
+    let seeds = space.seeds();
+    let direct = seeds
+        .iter()
+        .find(|s| {
+            matches!(
+                s,
+                Sketch::Tensorized {
+                    order: 1,
+                    cache_a: None,
+                    ..
+                }
+            )
+        })
+        .expect("a direct seed");
+    let Sketch::Tensorized { mr, nr, kc, .. } = direct else {
+        unreachable!()
+    };
+    assert_eq!((*mr, *nr, *kc), (3, 4, 32));
+    let (trace, program) = space.lower(direct).unwrap();
+    let text = trace.to_string();
+    assert!(!text.contains("cache_read"), "{text}");
+    assert!(
+        text.contains("split(c, "),
+        "k is the input channels alone: {text}"
+    );
+    let inputs = op.random_inputs(3);
+    let want = op.reference(&inputs).unwrap();
+    assert!(
+        program.run(&inputs).unwrap().max_relative_error(&want) < 1e-5,
+        "{trace}"
+    );
+    // A gemm has no window: no direct seed.
+    let op = "gemm:m=64,n=64,k=64,dtype=f32"
+        .parse::<Workload>()
+        .unwrap()
+        .to_op();
+    let space = Space::new(&op, &InstructionSet::Only(vec!["avx2.vfmadd231ps".into()]));
+    assert_eq!(space.seeds().len(), 2);
+}
+
 /// A sampled schedule and two mutations of it, where they lower, compute what the reference
 /// computes (tessel-ir's interpreter runs the instructions' semantics) within `tolerance`.
 fn sampled_and_mutated_schedules_agree(

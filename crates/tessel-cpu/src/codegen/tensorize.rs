@@ -33,7 +33,8 @@ impl Gen<'_> {
     }
 
     /// Whether `r` already has the instruction's layout for `role` (for every value of the
-    /// other loops: checked at the corners and at pseudo-random points), and its row stride.
+    /// other loops: checked at the corners and at pseudo-random points) and stays inside its
+    /// buffer, and its row stride.
     pub(super) fn direct_stride(
         &self,
         ins: &Instr,
@@ -41,7 +42,22 @@ impl Gen<'_> {
         role: Role,
         lv: [usize; 3],
     ) -> Option<i64> {
-        if !self.in_bounds(r) || self.p.buffers[r.buffer].dtype != ins.dtype(role) {
+        if !self.in_bounds(r) {
+            return None;
+        }
+        self.layout_stride(ins, r, role, lv)
+    }
+
+    /// Whether `r`'s addresses have the instruction's layout for `role`, wherever they point
+    /// (a padded read may leave its buffer), and its row stride.
+    pub(super) fn layout_stride(
+        &self,
+        ins: &Instr,
+        r: &BufferRef,
+        role: Role,
+        lv: [usize; 3],
+    ) -> Option<i64> {
+        if self.p.buffers[r.buffer].dtype != ins.dtype(role) {
             return None;
         }
         let (di, dj) = Instr::dims(role);
@@ -287,17 +303,34 @@ impl Gen<'_> {
             }
         };
         let points: u64 = unrolled.iter().map(|u| u.1).product();
-        if !call.guards.is_empty() || points > MAX_BLOCK_POINTS || l.kind == LoopKind::Parallel {
+        if points > MAX_BLOCK_POINTS || l.kind == LoopKind::Parallel {
             return Ok(false);
         }
         let ins = instr_of(self.catalog, &call.intrinsic)?;
+        let amx = matches!(ins.family, Family::Amx { .. });
+        if amx && !call.guards.is_empty() {
+            return Ok(false);
+        }
         let lv = self.tile_vars(call)?;
         let mut strides = [0i64; 3];
+        // A broadcast operand whose reads may leave its buffer (a padded convolution's input
+        // read in place), or whose rows may be padding (guards), is read through one pointer
+        // per fragment, chosen before the loop.
+        let mut padded_a = !call.guards.is_empty();
         for (i, role) in [Role::A, Role::B, Role::C].into_iter().enumerate() {
-            match self.direct_stride(&ins, Self::operand(call, role), role, lv) {
-                Some(s) => strides[i] = s * ins.dtype(role).bytes() as i64,
+            let r = Self::operand(call, role);
+            let s = match self.direct_stride(&ins, r, role, lv) {
+                Some(s) => s,
+                None if role == Role::A && !amx => match self.layout_stride(&ins, r, role, lv) {
+                    Some(s) => {
+                        padded_a = true;
+                        s
+                    }
+                    None => return Ok(false),
+                },
                 None => return Ok(false),
-            }
+            };
+            strides[i] = s * ins.dtype(role).bytes() as i64;
         }
         let reduction_unrolled: Vec<usize> = {
             let mut v = vec![l.var];
@@ -318,6 +351,8 @@ impl Gen<'_> {
         }
         // Every unrolled point: its accumulator, A and B fragments (deduplicated by address).
         let mut frags: [Vec<String>; 3] = Default::default();
+        // Where each A fragment was first met: the unrolled loops' values.
+        let mut a_points: Vec<Vec<(usize, i64)>> = Vec::new();
         let mut plan: Vec<[usize; 3]> = Vec::new();
         let mut point = vec![0i64; unrolled.len()];
         let extents: Vec<u64> = unrolled.iter().map(|u| u.1).collect();
@@ -333,6 +368,9 @@ impl Gen<'_> {
                 ids[i] = match frags[i].iter().position(|f| *f == p) {
                     Some(x) => x,
                     None => {
+                        if role == Role::A {
+                            a_points.push(vals.clone());
+                        }
                         frags[i].push(p);
                         frags[i].len() - 1
                     }
@@ -344,10 +382,17 @@ impl Gen<'_> {
             }
         }
         let n_acc = frags[2].len();
-        let amx = matches!(ins.family, Family::Amx { .. });
         if (amx && n_acc + 2 > 8) || (!amx && n_acc > 24) {
             return Ok(false);
         }
+        let padded = if padded_a {
+            match self.padded_fragments(&ins, call, l, lv, &a_points) {
+                Some(p) => Some(p),
+                None => return Ok(false),
+            }
+        } else {
+            None
+        };
         let unrolled_names: Vec<&str> = unrolled
             .iter()
             .map(|u| self.p.vars[u.0].name.as_str())
@@ -412,6 +457,28 @@ impl Gen<'_> {
             }
         } else {
             let (t, load_c, store_c) = vector_types(ins.family);
+            if let Some(p) = &padded {
+                let ta = c_type(ins.dtype(Role::A));
+                self.line(&format!(
+                    "static const {ta} tsl_zero_a[{}] __attribute__((aligned(64)));  /* what a read past A's border finds */",
+                    p.zeros
+                ));
+                for (i, (conds, base)) in p.bases.iter().enumerate() {
+                    let s = if conds.is_empty() {
+                        format!("const {ta} *tsl_pa{i} = {base};")
+                    } else {
+                        format!(
+                            "const {ta} *tsl_pa{i} = ({}) ? {base} : tsl_zero_a;",
+                            conds.join(" && ")
+                        )
+                    };
+                    self.line(&s);
+                }
+                let v = &self.vars[l.var];
+                frags[0] = (0..p.bases.len())
+                    .map(|i| format!("tsl_pa{i} + {} * {v}", p.step))
+                    .collect();
+            }
             for (i, f) in frags[2].iter().enumerate() {
                 self.line(&format!("{t} tsl_c{i} = {load_c}({f});"));
             }
@@ -449,5 +516,102 @@ impl Gen<'_> {
         self.depth -= 1;
         self.line("}");
         Ok(true)
+    }
+    /// The A fragments of a register block whose reads may leave A's buffer or whose rows may
+    /// be padding: per fragment, the conditions under which it stays inside and is no padding
+    /// row, and its address at the first reduction step; otherwise it reads a zero buffer, so
+    /// padding rows accumulate zeros (and are never stored). None unless every condition is
+    /// fixed across the reduction loop and independent of B, and A moves by a fixed step per
+    /// iteration of the loop.
+    fn padded_fragments(
+        &self,
+        ins: &Instr,
+        call: &TensorizedCall,
+        l: &For,
+        lv: [usize; 3],
+        points: &[Vec<(usize, i64)>],
+    ) -> Option<PaddedFragments> {
+        let a = Self::operand(call, Role::A);
+        let shape = &self.p.buffers[a.buffer].shape;
+        // The loops B's reads move with: a guard over them would pad B, not only A's rows.
+        let mut b_vars = Vec::new();
+        for e in &Self::operand(call, Role::B).index {
+            e.collect_vars(&mut b_vars);
+        }
+        let affine_in_loop = |e: &Expr| affine_in(e, l.var);
+        let mut bases = Vec::new();
+        let mut step = None;
+        if ins.m() != 1 {
+            return None;
+        }
+        for vals in points {
+            // A vector instruction's A is one row: its m loop stays at 0.
+            let mut vals = vals.clone();
+            vals.push((lv[0], 0));
+            let r = subst_ref(a, &vals);
+            if !r.index.iter().all(affine_in_loop) {
+                return None;
+            }
+            let mut conds = Vec::new();
+            for g in &call.guards {
+                let expr = vals
+                    .iter()
+                    .fold(g.expr.clone(), |e, &(v, x)| subst(&e, v, x));
+                let moves = |v: usize| expr.uses(v);
+                if moves(l.var) || lv.iter().any(|&v| moves(v)) || b_vars.iter().any(|&v| moves(v))
+                {
+                    return None;
+                }
+                conds.push(self.guard_c(&tessel_ir::Guard {
+                    expr,
+                    bound: g.bound,
+                }));
+            }
+            conds.extend(self.bounds(&r));
+            let fixed = r.index.iter().zip(shape).all(|(e, &n)| {
+                let (lo, hi) = self.range(e);
+                let inside = lo >= 0 && hi < n as i64;
+                inside || (!e.uses(l.var) && lv.iter().all(|&v| !e.uses(v)))
+            });
+            if !fixed {
+                return None;
+            }
+            let s = linear_stride(&r.index, shape, l.var, self.p.vars.len());
+            if s < 0 || *step.get_or_insert(s) != s {
+                return None;
+            }
+            let mut first: Vec<(usize, i64)> = vec![(l.var, 0)];
+            first.extend(lv.iter().map(|&v| (v, 0)));
+            let r0 = subst_ref(&r, &first);
+            bases.push((conds, format!("&{}", self.element(&r0))));
+        }
+        let step = step.unwrap_or(0);
+        // The farthest a fragment's pointer reaches from its base across the loop.
+        let zeros = step
+            .checked_mul(l.extent as i64 - 1)?
+            .checked_add(ins.k())?
+            .max(1);
+        (zeros <= MAX_ZERO_ELEMENTS).then_some(PaddedFragments { bases, step, zeros })
+    }
+}
+
+/// How far a padded A fragment's zero buffer may reach, in elements.
+const MAX_ZERO_ELEMENTS: i64 = 1 << 16;
+
+/// What [`Gen::padded_fragments`] found: per fragment the conditions for reading A in place
+/// and the base address, the step per reduction iteration, and the zero buffer's length.
+struct PaddedFragments {
+    bases: Vec<(Vec<String>, String)>,
+    step: i64,
+    zeros: i64,
+}
+
+/// Whether `e` moves linearly with loop variable `v` (no division or remainder of it).
+fn affine_in(e: &Expr, v: usize) -> bool {
+    match e {
+        Expr::Const(_) | Expr::Var(_) => true,
+        Expr::Add(a, b) => affine_in(a, v) && affine_in(b, v),
+        Expr::Mul(a, _) => affine_in(a, v),
+        Expr::Div(a, _) | Expr::Mod(a, _) => !a.uses(v),
     }
 }

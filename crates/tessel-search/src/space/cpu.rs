@@ -142,6 +142,62 @@ impl Space {
         }
     }
 
+    /// A direct convolution on `mapping` (oneDNN's shape): where the mapping leaves
+    /// reduction loops outside the instruction (a convolution's window), a register block
+    /// of up to 4 vectors of output channels by as many output pixels as the accumulators
+    /// allow, the pixels' last block padded if that wastes under 2% (its padding rows read
+    /// zeros), the input read in place with no im2col copy, the weights packed, output
+    /// channel blocks outermost. None elsewhere and on AMX.
+    pub(super) fn direct_tensorized(&self, mapping: usize) -> Option<Sketch> {
+        let m = &self.mappings[mapping];
+        let intr = m.intrinsic;
+        if self.outer_reductions(mapping) == 0 || intr.id.starts_with("amx") {
+            return None;
+        }
+        let tiles = |d: usize, ext: u64| m.mapping.dims[d].extent.div_ceil(ext);
+        let (mt, nt, kt) = (tiles(0, intr.m), tiles(1, intr.n), tiles(2, intr.k));
+        let budget = max_accumulators(intr);
+        let nr = (1..=4.min(nt)).rev().find(|d| nt.is_multiple_of(*d))?;
+        let most = (budget / nr).clamp(1, 8).min(mt);
+        let wastes_little = |mr: u64| (mt.div_ceil(mr) * mr - mt) * 50 < mt;
+        let mr = (1..=most)
+            .rev()
+            .find(|&mr| mt.is_multiple_of(mr) || wastes_little(mr))?;
+        let kc = (0..=9)
+            .map(|p| 1u64 << (9 - p))
+            .find(|&c| c * intr.k <= 512 && kt.is_multiple_of(c))
+            .unwrap_or(1);
+        Some(Sketch::Tensorized {
+            mapping,
+            mr,
+            nr,
+            kc,
+            order: 1,
+            pack_b: true,
+            cache_a: None,
+            parallel: true,
+            local_acc: true,
+            unroll: true,
+            mc: 1,
+            nc: 1,
+        })
+    }
+
+    /// How many reduction loops `mapping` leaves outside the instruction (a convolution's
+    /// window, when its input channels alone feed the instruction's k).
+    pub(super) fn outer_reductions(&self, mapping: usize) -> usize {
+        self.mappings[mapping]
+            .mapping
+            .outer
+            .iter()
+            .filter(|v| {
+                self.op
+                    .var_index(v)
+                    .is_some_and(|i| self.op.iter_vars[i].kind == IterKind::Reduction)
+            })
+            .count()
+    }
+
     pub(super) fn sample_scalar(&self, rng: &mut Rng) -> Sketch {
         let tiles = self
             .spatial()

@@ -263,8 +263,9 @@ impl Space {
         self.sample_tensorized(choice, rng)
     }
 
-    /// Known-good sketches to measure first: the classic GEMM shape and the BLIS one on the
-    /// most promising mapping of each instruction (CPU spaces; none on a GPU).
+    /// Known-good sketches to measure first: the classic GEMM shape, the BLIS one and, for
+    /// convolutions, the direct one on the most promising mapping of each instruction (CPU
+    /// spaces; none on a GPU).
     pub fn seeds(&self) -> Vec<Sketch> {
         if self.gpu {
             return Vec::new();
@@ -272,12 +273,21 @@ impl Space {
         let mut seen = Vec::new();
         let mut out = Vec::new();
         for (i, m) in self.mappings.iter().enumerate() {
-            if !seen.contains(&m.intrinsic.id) {
-                seen.push(m.intrinsic.id);
-                out.push(self.classic_tensorized(i));
-                if let Some(s) = self.blis_tensorized(i)
-                    && !out.contains(&s)
-                {
+            let id = m.intrinsic.id;
+            if seen.contains(&id) {
+                continue;
+            }
+            seen.push(id);
+            let mut found = vec![self.classic_tensorized(i)];
+            found.extend(self.blis_tensorized(i));
+            // The direct convolution on the instruction's mapping that keeps the most of the
+            // window outside (the most promising mapping may be im2col's), the first of those.
+            let window = (i..self.mappings.len())
+                .filter(|&j| self.mappings[j].intrinsic.id == id)
+                .max_by_key(|&j| (self.outer_reductions(j), std::cmp::Reverse(j)));
+            found.extend(window.and_then(|j| self.direct_tensorized(j)));
+            for s in found {
+                if !out.contains(&s) {
                     out.push(s);
                 }
             }
