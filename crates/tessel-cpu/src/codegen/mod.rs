@@ -7,7 +7,9 @@
 //! Tensorized calls take one of three forms:
 //! - a *register block*: a reduction loop whose body is only unrolled loops around one call
 //!   keeps every accumulator in registers (AMX tiles or vector registers) across the reduction
-//!   loop, loading each A and B fragment once per iteration;
+//!   loop, loading each A and B fragment once per iteration; a vector instruction's A may be
+//!   read in place where its reads leave the tensor (a padded convolution's border) or its
+//!   rows are padding: each fragment's pointer, chosen before the loop, then points at zeros;
 //! - a *direct* call: operands already in the instruction's layout are loaded in place;
 //! - a *staged* call: operands in any other layout, or under padding guards, are gathered into
 //!   a small buffer in the instruction's layout (zeros where a guard fails), and the

@@ -287,8 +287,10 @@ impl Gen<'_> {
         self.line(&s);
     }
 
-    /// A reduction loop around unrolled loops around one unguarded call, every operand in the
-    /// instruction's layout: accumulators stay in registers across the reduction loop.
+    /// A reduction loop around unrolled loops around one call, every operand in the
+    /// instruction's layout: accumulators stay in registers across the reduction loop. Guards
+    /// are allowed where they only pad A's rows on a vector instruction (see
+    /// [`Gen::padded_fragments`]).
     pub(super) fn register_block(&mut self, l: &For) -> Result<bool, CodegenError> {
         let mut unrolled: Vec<(usize, u64)> = Vec::new();
         let mut s = &*l.body;
