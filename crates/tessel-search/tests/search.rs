@@ -310,6 +310,21 @@ fn the_direct_seed_of_a_convolution_keeps_the_window_outside_and_reads_the_input
         program.run(&inputs).unwrap().max_relative_error(&want) < 1e-5,
         "{trace}"
     );
+    // A 7x7 image of 512 channels: the direct mapping (k <- c) does the least work per call
+    // of the 98 and ranks past the 8 the space keeps per instruction; it is kept anyway.
+    let op = "conv2d:n=1,h=7,w=7,c=512,k=512,r=3,s=3,stride=1,pad=1,layout=nhwc,dtype=f32"
+        .parse::<Workload>()
+        .unwrap()
+        .to_op();
+    let space = Space::new(&op, &InstructionSet::Only(vec!["avx2.vfmadd231ps".into()]));
+    assert_eq!(space.mappings().len(), 9);
+    let direct = space
+        .seeds()
+        .into_iter()
+        .find(|s| matches!(s, Sketch::Tensorized { order: 1, cache_a: None, .. }))
+        .expect("a direct seed");
+    let (trace, _) = space.lower(&direct).unwrap();
+    assert!(trace.to_string().contains("split(c, "), "{trace}");
     // A gemm has no window: no direct seed.
     let op = "gemm:m=64,n=64,k=64,dtype=f32"
         .parse::<Workload>()

@@ -144,25 +144,40 @@ impl Space {
 
     /// A direct convolution on `mapping` (oneDNN's shape): where the mapping leaves
     /// reduction loops outside the instruction (a convolution's window), a register block
-    /// of up to 4 vectors of output channels by as many output pixels as the accumulators
-    /// allow, the pixels' last block padded if that wastes under 2% (its padding rows read
-    /// zeros), the input read in place with no im2col copy, the weights packed, output
-    /// channel blocks outermost. None elsewhere and on AMX.
+    /// of up to 4 vectors of output channels by up to as many output pixels as the
+    /// accumulators allow, the one that keeps the most accumulators busy with real pixels (the
+    /// pixels' last block may be padded: its padding rows read zeros), the input read in
+    /// place with no im2col copy, the weights packed, output channel blocks outermost. None
+    /// elsewhere and on AMX.
     pub(super) fn direct_tensorized(&self, mapping: usize) -> Option<Sketch> {
         let m = &self.mappings[mapping];
         let intr = m.intrinsic;
-        if self.outer_reductions(mapping) == 0 || intr.id.starts_with("amx") {
+        if !direct_window(&self.op, &m.mapping) || intr.id.starts_with("amx") {
             return None;
         }
         let tiles = |d: usize, ext: u64| m.mapping.dims[d].extent.div_ceil(ext);
         let (mt, nt, kt) = (tiles(0, intr.m), tiles(1, intr.n), tiles(2, intr.k));
         let budget = max_accumulators(intr);
-        let nr = (1..=4.min(nt)).rev().find(|d| nt.is_multiple_of(*d))?;
-        let most = (budget / nr).clamp(1, 8).min(mt);
-        let wastes_little = |mr: u64| (mt.div_ceil(mr) * mr - mt) * 50 < mt;
-        let mr = (1..=most)
-            .rev()
-            .find(|&mr| mt.is_multiple_of(mr) || wastes_little(mr))?;
+        // The block that keeps the most accumulators busy with real pixels: mr x nr scaled by
+        // the share of its rows that are not padding; ties to the wider block (fewer
+        // broadcasts per product).
+        let mut best: Option<((u64, u64), (u64, u64))> = None;
+        for nr in (1..=4.min(nt)).filter(|d| nt.is_multiple_of(*d)) {
+            for mr in 1..=(budget / nr).clamp(1, 8).min(mt) {
+                let busy = (mr * nr * mt, mt.div_ceil(mr) * mr);
+                let better = best.is_none_or(|(_, (n, d))| {
+                    let (l, r) = (
+                        u128::from(busy.0) * u128::from(d),
+                        u128::from(n) * u128::from(busy.1),
+                    );
+                    l > r || (l == r && nr >= best.map_or(0, |b| b.0.1))
+                });
+                if better {
+                    best = Some(((mr, nr), busy));
+                }
+            }
+        }
+        let ((mr, nr), _) = best?;
         let kc = (0..=9)
             .map(|p| 1u64 << (9 - p))
             .find(|&c| c * intr.k <= 512 && kt.is_multiple_of(c))
@@ -181,21 +196,6 @@ impl Space {
             mc: 1,
             nc: 1,
         })
-    }
-
-    /// How many reduction loops `mapping` leaves outside the instruction (a convolution's
-    /// window, when its input channels alone feed the instruction's k).
-    pub(super) fn outer_reductions(&self, mapping: usize) -> usize {
-        self.mappings[mapping]
-            .mapping
-            .outer
-            .iter()
-            .filter(|v| {
-                self.op
-                    .var_index(v)
-                    .is_some_and(|i| self.op.iter_vars[i].kind == IterKind::Reduction)
-            })
-            .count()
     }
 
     pub(super) fn sample_scalar(&self, rng: &mut Rng) -> Sketch {
@@ -477,4 +477,23 @@ pub fn max_accumulators(intr: &Intrinsic) -> u64 {
     } else {
         12
     }
+}
+
+/// Whether `m` is a direct convolution's mapping: reductions left outside the instruction (a
+/// window), and one reduction variable in its k that indexes one dimension of A alone (the
+/// input channels), so A's reads move along that dimension only and stay in place.
+pub(super) fn direct_window(op: &ComputeOp, m: &Mapping) -> bool {
+    let reduction = |name: &str| {
+        op.var_index(name)
+            .is_some_and(|i| op.iter_vars[i].kind == IterKind::Reduction)
+    };
+    let [k] = m.dims[2].vars.as_slice() else {
+        return false;
+    };
+    let (Some(v), Some(a)) = (op.var_index(k), op.inputs.get(m.operands[0])) else {
+        return false;
+    };
+    let dims: Vec<_> = a.indices.iter().filter(|e| e.depends_on(v)).collect();
+    m.outer.iter().any(|o| reduction(o))
+        && matches!(dims.as_slice(), [e] if e.terms.len() == 1 && e.coeff(v) == 1)
 }

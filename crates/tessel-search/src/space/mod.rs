@@ -184,12 +184,22 @@ impl Space {
                         }
                     }
                     ms.sort_by(|a, b| promise(op, a).total_cmp(&promise(op, b)));
-                    mappings.extend(ms.into_iter().take(MAX_MAPPINGS_PER_INSTRUCTION).map(
-                        |mapping| SpaceMapping {
-                            intrinsic: intr,
-                            mapping,
-                        },
-                    ))
+                    // A convolution's direct mapping (the window outside, the channels in k)
+                    // does the least work per call, so it may rank past the cut: keep the
+                    // most promising one anyway.
+                    let mut keep = MAX_MAPPINGS_PER_INSTRUCTION.min(ms.len());
+                    if !matches!(set, InstructionSet::Gpu { .. })
+                        && let Some(d) = ms.iter().position(|m| cpu::direct_window(op, m))
+                        && d >= keep
+                    {
+                        let direct = ms.remove(d);
+                        ms.insert(keep, direct);
+                        keep += 1;
+                    }
+                    mappings.extend(ms.into_iter().take(keep).map(|mapping| SpaceMapping {
+                        intrinsic: intr,
+                        mapping,
+                    }))
                 }
                 Err(e) => skipped.push((id.clone(), e.to_string())),
             }
@@ -280,12 +290,13 @@ impl Space {
             seen.push(id);
             let mut found = vec![self.classic_tensorized(i)];
             found.extend(self.blis_tensorized(i));
-            // The direct convolution on the instruction's mapping that keeps the most of the
-            // window outside (the most promising mapping may be im2col's), the first of those.
-            let window = (i..self.mappings.len())
-                .filter(|&j| self.mappings[j].intrinsic.id == id)
-                .max_by_key(|&j| (self.outer_reductions(j), std::cmp::Reverse(j)));
-            found.extend(window.and_then(|j| self.direct_tensorized(j)));
+            // The direct convolution on the instruction's most promising direct mapping (its
+            // most promising mapping may be im2col's).
+            let direct = (i..self.mappings.len()).find(|&j| {
+                self.mappings[j].intrinsic.id == id
+                    && cpu::direct_window(&self.op, &self.mappings[j].mapping)
+            });
+            found.extend(direct.and_then(|j| self.direct_tensorized(j)));
             for s in found {
                 if !out.contains(&s) {
                     out.push(s);
