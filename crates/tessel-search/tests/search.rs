@@ -321,7 +321,16 @@ fn the_direct_seed_of_a_convolution_keeps_the_window_outside_and_reads_the_input
     let direct = space
         .seeds()
         .into_iter()
-        .find(|s| matches!(s, Sketch::Tensorized { order: 1, cache_a: None, .. }))
+        .find(|s| {
+            matches!(
+                s,
+                Sketch::Tensorized {
+                    order: 1,
+                    cache_a: None,
+                    ..
+                }
+            )
+        })
         .expect("a direct seed");
     let (trace, _) = space.lower(&direct).unwrap();
     assert!(trace.to_string().contains("split(c, "), "{trace}");

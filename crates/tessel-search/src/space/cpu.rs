@@ -156,46 +156,42 @@ impl Space {
             return None;
         }
         let tiles = |d: usize, ext: u64| m.mapping.dims[d].extent.div_ceil(ext);
-        let (mt, nt, kt) = (tiles(0, intr.m), tiles(1, intr.n), tiles(2, intr.k));
+        let (mt, nt) = (tiles(0, intr.m), tiles(1, intr.n));
         let budget = max_accumulators(intr);
         // The block that keeps the most accumulators busy with real pixels: mr x nr scaled by
         // the share of its rows that are not padding; ties to the wider block (fewer
         // broadcasts per product).
-        let mut best: Option<((u64, u64), (u64, u64))> = None;
+        // Busy accumulators per block as a fraction (numerator, denominator).
+        let busy = |mr: u64, nr: u64| (mr * nr * mt, mt.div_ceil(mr) * mr);
+        let compare = |(a, b): (u64, u64), (c, d): (u64, u64)| {
+            (u128::from(a) * u128::from(d)).cmp(&(u128::from(c) * u128::from(b)))
+        };
+        let mut best: Option<(u64, u64)> = None;
         for nr in (1..=4.min(nt)).filter(|d| nt.is_multiple_of(*d)) {
             for mr in 1..=(budget / nr).clamp(1, 8).min(mt) {
-                let busy = (mr * nr * mt, mt.div_ceil(mr) * mr);
-                let better = best.is_none_or(|(_, (n, d))| {
-                    let (l, r) = (
-                        u128::from(busy.0) * u128::from(d),
-                        u128::from(n) * u128::from(busy.1),
-                    );
-                    l > r || (l == r && nr >= best.map_or(0, |b| b.0.1))
+                let better = best.is_none_or(|(bm, bn)| {
+                    compare(busy(mr, nr), busy(bm, bn))
+                        .then(nr.cmp(&bn))
+                        .is_ge()
                 });
                 if better {
-                    best = Some(((mr, nr), busy));
+                    best = Some((mr, nr));
                 }
             }
         }
-        let ((mr, nr), _) = best?;
-        let kc = (0..=9)
-            .map(|p| 1u64 << (9 - p))
-            .find(|&c| c * intr.k <= 512 && kt.is_multiple_of(c))
-            .unwrap_or(1);
-        Some(Sketch::Tensorized {
-            mapping,
-            mr,
-            nr,
-            kc,
-            order: 1,
-            pack_b: true,
-            cache_a: None,
-            parallel: true,
-            local_acc: true,
-            unroll: true,
-            mc: 1,
-            nc: 1,
-        })
+        let (mr, nr) = best?;
+        // The classic sketch's k block, packing and flags; its block and its order differ.
+        let mut sketch = self.classic_tensorized(mapping);
+        if let Sketch::Tensorized {
+            mr: m_r,
+            nr: n_r,
+            order,
+            ..
+        } = &mut sketch
+        {
+            (*m_r, *n_r, *order) = (mr, nr, 1);
+        }
+        Some(sketch)
     }
 
     pub(super) fn sample_scalar(&self, rng: &mut Rng) -> Sketch {
