@@ -570,6 +570,7 @@ impl Gen<'_> {
                 }));
             }
             conds.extend(self.bounds(&r));
+            dedup(&mut conds);
             let fixed = r.index.iter().zip(shape).all(|(e, &n)| {
                 let (lo, hi) = self.range(e);
                 let inside = lo >= 0 && hi < n as i64;

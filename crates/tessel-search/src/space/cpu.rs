@@ -102,26 +102,33 @@ impl Space {
     }
 
     /// The classic GEMM shape on `mapping` (GotoBLAS, oneDNN's brgemm, and tessel-cpu's
-    /// reference schedules): the largest register block whose tiles divide the mapping,
-    /// a 512-element k block, columns outermost, B packed, parallel, accumulators local and
-    /// unrolled. A known-good starting point for the search, which the model may not yet rank
-    /// first on an instruction it has few records of.
+    /// reference schedules): A read in place by the register block that keeps the most
+    /// accumulators busy (its last block along m may be padding rows, which read zeros), a
+    /// 512-element k block inside each register block's rows, B packed, parallel,
+    /// accumulators local and unrolled. On AMX, whose tile calls take no padding, the largest
+    /// block whose tiles divide the mapping, columns and k blocks outermost. A known-good
+    /// starting point for the search, which the model may not yet rank first on an
+    /// instruction it has few records of.
     pub(super) fn classic_tensorized(&self, mapping: usize) -> Sketch {
         let m = &self.mappings[mapping];
         let intr = m.intrinsic;
         let tiles = |d: usize, ext: u64| m.mapping.dims[d].extent.div_ceil(ext);
         let (mt, nt, kt) = (tiles(0, intr.m), tiles(1, intr.n), tiles(2, intr.k));
         let amx = intr.id.starts_with("amx");
-        let budget = if amx { 4 } else { max_accumulators(intr) };
-        let max_nr = if amx || intr.registers < 32 { 2 } else { 4 };
-        let mut best = (1u64, 1u64);
-        for nr in (1..=max_nr).rev() {
-            for mr in (1..=(budget / nr).min(8)).rev() {
-                if mt.is_multiple_of(mr) && nt.is_multiple_of(nr) && mr * nr > best.0 * best.1 {
-                    best = (mr, nr);
+        let (best, order) = if amx {
+            let mut best = (1u64, 1u64);
+            for nr in (1..=2).rev() {
+                for mr in (1..=4 / nr).rev() {
+                    if mt.is_multiple_of(mr) && nt.is_multiple_of(nr) && mr * nr > best.0 * best.1 {
+                        best = (mr, nr);
+                    }
                 }
             }
-        }
+            (best, 0)
+        } else {
+            let max_nr = if intr.registers < 32 { 2 } else { 4 };
+            (busiest_block(mt, nt, max_accumulators(intr), max_nr), 1)
+        };
         let kc = (0..=9)
             .map(|p| 1u64 << (9 - p))
             .find(|&c| c * intr.k <= 512 && kt.is_multiple_of(c))
@@ -131,7 +138,7 @@ impl Space {
             mr: best.0,
             nr: best.1,
             kc,
-            order: 0,
+            order,
             pack_b: true,
             cache_a: None,
             parallel: true,
@@ -143,12 +150,10 @@ impl Space {
     }
 
     /// A direct convolution on `mapping` (oneDNN's shape): where the mapping leaves
-    /// reduction loops outside the instruction (a convolution's window), a register block
-    /// of up to 4 vectors of output channels by up to as many output pixels as the
-    /// accumulators allow, the one that keeps the most accumulators busy with real pixels (the
-    /// pixels' last block may be padded: its padding rows read zeros), the input read in
-    /// place with no im2col copy, the weights packed, output channel blocks outermost. None
-    /// elsewhere and on AMX.
+    /// reduction loops outside the instruction (a convolution's window), the classic sketch
+    /// with up to 4 vectors of output channels whatever the register file (3 pixels by 4
+    /// vectors beat 6 by 2 on AVX2's 16 registers), the input read in place with no im2col
+    /// copy. None elsewhere and on AMX.
     pub(super) fn direct_tensorized(&self, mapping: usize) -> Option<Sketch> {
         let m = &self.mappings[mapping];
         let intr = m.intrinsic;
@@ -157,39 +162,14 @@ impl Space {
         }
         let tiles = |d: usize, ext: u64| m.mapping.dims[d].extent.div_ceil(ext);
         let (mt, nt) = (tiles(0, intr.m), tiles(1, intr.n));
-        let budget = max_accumulators(intr);
-        // The block that keeps the most accumulators busy with real pixels: mr x nr scaled by
-        // the share of its rows that are not padding; ties to the wider block (fewer
-        // broadcasts per product).
-        // Busy accumulators per block as a fraction (numerator, denominator).
-        let busy = |mr: u64, nr: u64| (mr * nr * mt, mt.div_ceil(mr) * mr);
-        let compare = |(a, b): (u64, u64), (c, d): (u64, u64)| {
-            (u128::from(a) * u128::from(d)).cmp(&(u128::from(c) * u128::from(b)))
-        };
-        let mut best: Option<(u64, u64)> = None;
-        for nr in (1..=4.min(nt)).filter(|d| nt.is_multiple_of(*d)) {
-            for mr in 1..=(budget / nr).clamp(1, 8).min(mt) {
-                let better = best.is_none_or(|(bm, bn)| {
-                    compare(busy(mr, nr), busy(bm, bn))
-                        .then(nr.cmp(&bn))
-                        .is_ge()
-                });
-                if better {
-                    best = Some((mr, nr));
-                }
-            }
-        }
-        let (mr, nr) = best?;
-        // The classic sketch's k block, packing and flags; its block and its order differ.
+        let (mr, nr) = busiest_block(mt, nt, max_accumulators(intr), 4);
+        // The classic sketch on this mapping but for its block.
         let mut sketch = self.classic_tensorized(mapping);
         if let Sketch::Tensorized {
-            mr: m_r,
-            nr: n_r,
-            order,
-            ..
+            mr: m_r, nr: n_r, ..
         } = &mut sketch
         {
-            (*m_r, *n_r, *order) = (mr, nr, 1);
+            (*m_r, *n_r) = (mr, nr);
         }
         Some(sketch)
     }
@@ -492,4 +472,28 @@ pub(super) fn direct_window(op: &ComputeOp, m: &Mapping) -> bool {
     let dims: Vec<_> = a.indices.iter().filter(|e| e.depends_on(v)).collect();
     m.outer.iter().any(|o| reduction(o))
         && matches!(dims.as_slice(), [e] if e.terms.len() == 1 && e.coeff(v) == 1)
+}
+
+/// The register block (mr rows, nr vectors) that keeps the most of `budget` accumulators busy
+/// with real rows over `mt` rows and `nr` dividing `nt` (at most `max_nr`, mr at most 8): its
+/// size times the share of its rows that are not padding. Ties go to the wider block (fewer
+/// broadcasts per product).
+pub(super) fn busiest_block(mt: u64, nt: u64, budget: u64, max_nr: u64) -> (u64, u64) {
+    // Busy accumulators per block, as a fraction (numerator, denominator).
+    let busy = |mr: u64, nr: u64| (mr * nr * mt, mt.div_ceil(mr) * mr);
+    let compare = |(a, b): (u64, u64), (c, d): (u64, u64)| {
+        (u128::from(a) * u128::from(d)).cmp(&(u128::from(c) * u128::from(b)))
+    };
+    let mut best = (1, 1);
+    for nr in (1..=max_nr.min(nt)).filter(|d| nt.is_multiple_of(*d)) {
+        for mr in 1..=(budget / nr).clamp(1, 8).min(mt.max(1)) {
+            if compare(busy(mr, nr), busy(best.0, best.1))
+                .then(nr.cmp(&best.1))
+                .is_ge()
+            {
+                best = (mr, nr);
+            }
+        }
+    }
+    best
 }
