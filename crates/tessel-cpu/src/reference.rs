@@ -3,11 +3,12 @@
 //!
 //! The shape is the classic one (GotoBLAS, oneDNN's brgemm): B packed once into the
 //! instruction's layout, columns split into panels that the threads share out, the reduction
-//! blocked so that a B block stays in L1/L2 while every row block of A streams past it, and a
-//! register block of `mr x nr` instruction tiles whose accumulators stay in registers across
-//! the innermost reduction loop.
+//! blocked, and a register block of `mr x nr` instruction tiles whose accumulators stay in
+//! registers across the innermost reduction loop. Vector instructions read A in place and
+//! walk the k blocks inside each row block; AMX walks the row blocks inside each k block, so
+//! that a B block stays in cache while every row block of A streams past it.
 
-use tessel_intrin::{Catalog, Intrinsic};
+use tessel_intrin::{Catalog, Intrinsic, accumulator_budget, busiest_register_block};
 use tessel_ir::{LayoutTransform, Scope, Trace, Workload};
 
 /// The tile sizes of a reference GEMM schedule.
@@ -21,9 +22,11 @@ pub struct GemmPlan {
 }
 
 impl GemmPlan {
-    /// The default plan for an instruction: the largest register block its register file
-    /// holds whose m and n extents divide `m` and `n` where possible (padding would disable
-    /// register blocking: a padded tile is staged, tens of times slower).
+    /// The default plan for an instruction. Vector instructions: the register block that keeps
+    /// the most accumulators busy (`busiest_register_block`; its last block along m may be
+    /// padding rows, which read zeros from A in place), n dividing where it can. AMX, whose
+    /// tile calls take no padding: the largest block whose m and n extents divide `m` and `n`
+    /// where possible (a padded tile is staged, tens of times slower).
     pub fn for_instruction(intr: &Intrinsic, m: u64, n: u64, k: u64) -> GemmPlan {
         let id = intr.id;
         // Per register file: the accumulator budget, the widest nr, and the block to use
@@ -37,6 +40,15 @@ impl GemmPlan {
             _ => (12, 2, (6, 2)),
         };
         let (mi, ni) = (intr.m, intr.n);
+        let kc = [512u64, 256, 128, 64, 32, 16, 8, 4, 2, 1]
+            .into_iter()
+            .find(|&c| k.is_multiple_of(c))
+            .unwrap_or(1);
+        if !id.starts_with("amx") && n.is_multiple_of(ni) {
+            let budget = accumulator_budget(intr);
+            let (mr, nr) = busiest_register_block(m.div_ceil(mi), n / ni, budget, max_nr);
+            return GemmPlan { mr, nr, kc };
+        }
         // The most accumulators without padding; ties go to the wider n (the block found
         // first), which loads fewer vectors per product: 4x4 over 8x2.
         let mut best = (1u64, 1u64);
@@ -53,10 +65,6 @@ impl GemmPlan {
             best = largest;
         }
         let (mr, nr) = best;
-        let kc = [512u64, 256, 128, 64, 32, 16, 8, 4, 2, 1]
-            .into_iter()
-            .find(|&c| k.is_multiple_of(c))
-            .unwrap_or(1);
         GemmPlan { mr, nr, kc }
     }
 }
@@ -105,9 +113,20 @@ pub fn reference_gemm(
     t.split("m", &[plan.mr, mi]);
     t.split("n", &[plan.nr, ni]);
     t.split("k", &[kc / ki, ki]);
-    t.reorder(&[
-        "n.0", "k.0", "m.0", "k.1", "m.1", "n.1", "m.2", "n.2", "k.2",
-    ]);
+    // Vector instructions walk every k block inside a row block, the accumulators of one
+    // register block local (faster on Zen 4 by 3-5% at 1024^3); AMX walks every row block
+    // inside a k block, B's block staying in cache.
+    let amx = id.starts_with("amx");
+    let blocks = if amx {
+        ["n.0", "k.0", "m.0"]
+    } else {
+        ["n.0", "m.0", "k.0"]
+    };
+    let order: Vec<&str> = blocks
+        .into_iter()
+        .chain(["k.1", "m.1", "n.1", "m.2", "n.2", "k.2"])
+        .collect();
+    t.reorder(&order);
     // B: [K, N] -> [N / nb, K / group, nb, group] with nb = nr * ni, the register block's
     // columns: for each k, the block's B values are contiguous (one stream, no cache-set
     // conflicts between the block's columns) and in the instruction's (VNNI) layout.
@@ -126,7 +145,7 @@ pub fn reference_gemm(
     t.pack(1, layout);
     t.parallel("n.0");
     let local = Scope::new("local").map_err(|e| e.to_string())?;
-    t.cache_write(local, Some("n.0"));
+    t.cache_write(local, Some(if amx { "n.0" } else { "m.0" }));
     t.unroll("m.1").unroll("n.1");
     t.tensorize(id, &[("m", "m.2"), ("n", "n.2"), ("k", "k.2")], &[0, 1]);
     Ok(t)

@@ -11,6 +11,7 @@
 //!   platforms datasets are measured on.
 //! - [`match_op`]: every [`Mapping`] of an operator onto an instruction, with padding waste and
 //!   the transforms (VNNI packing, transposes, im2col) each operand needs.
+//! - [`busiest_register_block`]: the register block that keeps the most accumulators busy.
 //!
 //! ```
 //! use tessel_intrin::{Catalog, match_op};
@@ -26,12 +27,14 @@
 //! assert!(program.to_string().contains("amx.tdpbf16ps"));
 //! ```
 
+mod blocking;
 mod catalog;
 mod desc;
 mod host;
 mod matching;
 mod platform;
 
+pub use blocking::{accumulator_budget, busiest_register_block};
 pub use catalog::{Catalog, catalog};
 pub use desc::{
     Intrinsic, LayoutReq, MemLevel, OperandMemory, Platform, Requirement, Storage, Throughput,

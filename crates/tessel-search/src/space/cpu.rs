@@ -127,7 +127,15 @@ impl Space {
             (best, 0)
         } else {
             let max_nr = if intr.registers < 32 { 2 } else { 4 };
-            (busiest_block(mt, nt, max_accumulators(intr), max_nr), 1)
+            (
+                tessel_intrin::busiest_register_block(
+                    mt,
+                    nt,
+                    tessel_intrin::accumulator_budget(intr),
+                    max_nr,
+                ),
+                1,
+            )
         };
         let kc = (0..=9)
             .map(|p| 1u64 << (9 - p))
@@ -162,7 +170,12 @@ impl Space {
         }
         let tiles = |d: usize, ext: u64| m.mapping.dims[d].extent.div_ceil(ext);
         let (mt, nt) = (tiles(0, intr.m), tiles(1, intr.n));
-        let (mr, nr) = busiest_block(mt, nt, max_accumulators(intr), 4);
+        let (mr, nr) = tessel_intrin::busiest_register_block(
+            mt,
+            nt,
+            tessel_intrin::accumulator_budget(intr),
+            4,
+        );
         // The classic sketch on this mapping but for its block.
         let mut sketch = self.classic_tensorized(mapping);
         if let Sketch::Tensorized {
@@ -472,28 +485,4 @@ pub(super) fn direct_window(op: &ComputeOp, m: &Mapping) -> bool {
     let dims: Vec<_> = a.indices.iter().filter(|e| e.depends_on(v)).collect();
     m.outer.iter().any(|o| reduction(o))
         && matches!(dims.as_slice(), [e] if e.terms.len() == 1 && e.coeff(v) == 1)
-}
-
-/// The register block (mr rows, nr vectors) that keeps the most of `budget` accumulators busy
-/// with real rows over `mt` rows and `nr` dividing `nt` (at most `max_nr`, mr at most 8): its
-/// size times the share of its rows that are not padding. Ties go to the wider block (fewer
-/// broadcasts per product).
-pub(super) fn busiest_block(mt: u64, nt: u64, budget: u64, max_nr: u64) -> (u64, u64) {
-    // Busy accumulators per block, as a fraction (numerator, denominator).
-    let busy = |mr: u64, nr: u64| (mr * nr * mt, mt.div_ceil(mr) * mr);
-    let compare = |(a, b): (u64, u64), (c, d): (u64, u64)| {
-        (u128::from(a) * u128::from(d)).cmp(&(u128::from(c) * u128::from(b)))
-    };
-    let mut best = (1, 1);
-    for nr in (1..=max_nr.min(nt)).filter(|d| nt.is_multiple_of(*d)) {
-        for mr in 1..=(budget / nr).clamp(1, 8).min(mt.max(1)) {
-            if compare(busy(mr, nr), busy(best.0, best.1))
-                .then(nr.cmp(&best.1))
-                .is_ge()
-            {
-                best = (mr, nr);
-            }
-        }
-    }
-    best
 }
