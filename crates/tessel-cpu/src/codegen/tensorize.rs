@@ -519,6 +519,7 @@ impl Gen<'_> {
         self.line("}");
         Ok(true)
     }
+
     /// The A fragments of a register block whose reads may leave A's buffer or whose rows may
     /// be padding: per fragment, the conditions under which it stays inside and is no padding
     /// row, and its address at the first reduction step; otherwise it reads a zero buffer, so
@@ -539,6 +540,23 @@ impl Gen<'_> {
         let mut b_vars = Vec::new();
         for e in &Self::operand(call, Role::B).index {
             e.collect_vars(&mut b_vars);
+        }
+        // A fragment met at several unrolled points keeps the first point's conditions, so
+        // a guard may not move with an unrolled loop that A's address does not.
+        let mut a_vars = Vec::new();
+        for e in &a.index {
+            e.collect_vars(&mut a_vars);
+        }
+        let unrolled: Vec<usize> = points
+            .iter()
+            .flat_map(|p| p.iter().map(|&(v, _)| v))
+            .collect();
+        if call.guards.iter().any(|g| {
+            unrolled
+                .iter()
+                .any(|&v| g.expr.uses(v) && !a_vars.contains(&v))
+        }) {
+            return None;
         }
         let affine_in_loop = |e: &Expr| affine_in(e, l.var);
         let mut bases = Vec::new();
