@@ -2,14 +2,15 @@
 
 use crate::Intrinsic;
 
-/// How many accumulators a vector instruction's register block holds in the generated code
-/// without spilling (gcc 12): the register file less the B vectors and a broadcast, 24 of 32
-/// zmm and 12 of 16 ymm, but 16 for AVX-512 `vpdpbusd`, whose 6x4 block gcc spills (225
-/// against 390 GOP/s for 4x4 on a 1024^3 u8 x i8 gemm, Zen 4). AMX: 4 of its 8 tiles.
+/// How many accumulators a register block of `intr` holds in the generated code without
+/// spilling (gcc 12). Vector instructions: the register file less the B vectors and a
+/// broadcast, 24 of 32 zmm and 12 of 16 ymm, but 16 for 8-bit operands on 32 registers
+/// (AVX-512 `vpdpbusd`), whose 6x4 block gcc spills (225 against 390 GOP/s for 4x4 on a
+/// 1024^3 u8 x i8 gemm, Zen 4). Tile instructions (`m > 1`, AMX): 4 of 8 tiles.
 pub fn accumulator_budget(intr: &Intrinsic) -> u64 {
-    if intr.id.starts_with("amx") {
+    if intr.m > 1 {
         4
-    } else if intr.id == "avx512.vpdpbusd" {
+    } else if intr.registers >= 32 && intr.a.bytes() == 1 {
         16
     } else if intr.registers >= 32 {
         24
@@ -54,6 +55,18 @@ pub fn busiest_register_block(mt: u64, nt: u64, budget: u64, max_nr: u64) -> (u6
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Catalog;
+
+    #[test]
+    fn budgets_follow_the_register_file_and_the_operand_width() {
+        let catalog = Catalog::default();
+        let budget = |id: &str| accumulator_budget(catalog.get(id).unwrap());
+        assert_eq!(budget("avx2.vfmadd231ps"), 12);
+        assert_eq!(budget("avx512.vfmadd231ps"), 24);
+        assert_eq!(budget("avx512.vdpbf16ps"), 24);
+        assert_eq!(budget("avx512.vpdpbusd"), 16);
+        assert_eq!(budget("amx.tdpbf16ps"), 4);
+    }
 
     #[test]
     fn padding_rows_count_against_a_block() {
