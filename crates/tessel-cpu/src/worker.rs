@@ -230,14 +230,9 @@ impl State {
         };
         let p = self.prepared.get_mut(&key).expect("inserted above");
         if job.phase == Phase::Time {
-            return time(kernel, p, packed.as_mut().map(|(i, b)| (*i, b)), job, 0.0);
+            return time(kernel, p, slot(&mut packed), job, 0.0);
         }
-        let (got, checked_s) = call_once_timed(
-            kernel,
-            &mut p.inputs,
-            packed.as_mut().map(|(i, b)| (*i, b)),
-            &job.op,
-        );
+        let (got, checked_s) = call_once_timed(kernel, &mut p.inputs, slot(&mut packed), &job.op);
         let mut max_error = 0.0;
         if let Some(want) = &p.reference {
             let (err, at) = max_relative_error(&got, want);
@@ -265,13 +260,7 @@ impl State {
                 allocation_medians: Vec::new(),
             };
         }
-        time(
-            kernel,
-            p,
-            packed.as_mut().map(|(i, b)| (*i, b)),
-            job,
-            max_error,
-        )
+        time(kernel, p, slot(&mut packed), job, max_error)
     }
 }
 
@@ -340,6 +329,11 @@ fn time(
         cut_short: false,
         allocation_medians: if allocations > 1 { medians } else { Vec::new() },
     }
+}
+
+/// The packed weights, if any, as the input slot they take and their buffer.
+fn slot(packed: &mut Option<(usize, AlignedBuf)>) -> Option<(usize, &mut AlignedBuf)> {
+    packed.as_mut().map(|(i, b)| (*i, b))
 }
 
 /// One pointer per operand, inputs then the output; a pre-packed input's slot points at its

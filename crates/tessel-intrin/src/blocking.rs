@@ -2,20 +2,30 @@
 
 use crate::Intrinsic;
 
+/// How many accumulators a register block may hold: AMX keeps 2 of its 8 tiles for A and B;
+/// vector units keep registers for B and a broadcast.
+pub fn max_accumulators(intr: &Intrinsic) -> u64 {
+    if intr.id.starts_with("amx") {
+        6
+    } else if intr.registers >= 32 {
+        24
+    } else {
+        12
+    }
+}
+
 /// How many accumulators a register block of `intr` holds in the generated code without
-/// spilling (gcc 12). Vector instructions: the register file less the B vectors and a
-/// broadcast, 24 of 32 zmm and 12 of 16 ymm, but 16 for 8-bit operands on 32 registers
-/// (AVX-512 `vpdpbusd`), whose 6x4 block gcc spills (225 against 390 GOP/s for 4x4 on a
-/// 1024^3 u8 x i8 gemm, Zen 4). Tile instructions (`m > 1`, AMX): 4 of 8 tiles.
+/// spilling (gcc 12): [`max_accumulators`] on vector instructions, but 16 for 8-bit operands
+/// on 32 registers (AVX-512 `vpdpbusd`), whose 6x4 block gcc spills (225 against 390 GOP/s
+/// for 4x4 on a 1024^3 u8 x i8 gemm, Zen 4). Tile instructions (`m > 1`, AMX): 4 of 8 tiles,
+/// 2x2, so that each block's A and B tiles stay loaded.
 pub fn accumulator_budget(intr: &Intrinsic) -> u64 {
     if intr.m > 1 {
         4
     } else if intr.registers >= 32 && intr.a.bytes() == 1 {
         16
-    } else if intr.registers >= 32 {
-        24
     } else {
-        12
+        max_accumulators(intr)
     }
 }
 

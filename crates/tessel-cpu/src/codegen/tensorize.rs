@@ -388,10 +388,10 @@ impl Gen<'_> {
             return Ok(false);
         }
         let padded = if padded_a {
-            match self.padded_fragments(&ins, call, l, lv, &a_points) {
-                Some(p) => Some(p),
-                None => return Ok(false),
-            }
+            let Some(p) = self.padded_fragments(&ins, call, l, lv, &a_points) else {
+                return Ok(false);
+            };
+            Some(p)
         } else {
             None
         };
@@ -534,6 +534,10 @@ impl Gen<'_> {
         lv: [usize; 3],
         points: &[Vec<(usize, i64)>],
     ) -> Option<PaddedFragments> {
+        // A vector instruction's A is one row, whose m loop stays at 0 below.
+        if ins.m() != 1 {
+            return None;
+        }
         let a = Self::operand(call, Role::A);
         let shape = &self.p.buffers[a.buffer].shape;
         // The loops B's reads move with: a guard over them would pad B, not only A's rows.
@@ -561,11 +565,7 @@ impl Gen<'_> {
         let affine_in_loop = |e: &Expr| affine_in(e, l.var);
         let mut bases = Vec::new();
         let mut step = None;
-        if ins.m() != 1 {
-            return None;
-        }
         for vals in points {
-            // A vector instruction's A is one row: its m loop stays at 0.
             let mut vals = vals.clone();
             vals.push((lv[0], 0));
             let r = subst_ref(a, &vals);

@@ -4,6 +4,7 @@
 //! compiler-vectorized fallback.
 
 use super::*;
+pub use tessel_intrin::max_accumulators;
 
 impl Space {
     pub(super) fn sample_tensorized(&self, mapping: usize, rng: &mut Rng) -> Sketch {
@@ -118,7 +119,7 @@ impl Space {
         let (best, order) = if amx {
             let mut best = (1u64, 1u64);
             for nr in (1..=2).rev() {
-                for mr in (1..=4 / nr).rev() {
+                for mr in (1..=tessel_intrin::accumulator_budget(intr) / nr).rev() {
                     if mt.is_multiple_of(mr) && nt.is_multiple_of(nr) && mr * nr > best.0 * best.1 {
                         best = (mr, nr);
                     }
@@ -454,18 +455,6 @@ pub(super) fn promise(op: &ComputeOp, m: &Mapping) -> f64 {
     let waste = (m.padding_waste() * 100.0).round();
     waste * 1e6 + if contiguous { 0.0 } else { 1e5 } - work.log2() * 1e3
         + (m.transform_bytes() as f64 + 1.0).log2()
-}
-
-/// How many accumulators a register block may hold: AMX keeps 2 of its 8 tiles for A and B;
-/// vector units keep registers for B and a broadcast.
-pub fn max_accumulators(intr: &Intrinsic) -> u64 {
-    if intr.id.starts_with("amx") {
-        6
-    } else if intr.registers >= 32 {
-        24
-    } else {
-        12
-    }
 }
 
 /// Whether `m` is a direct convolution's mapping: reductions left outside the instruction (a
