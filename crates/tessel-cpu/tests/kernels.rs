@@ -322,6 +322,68 @@ fn a_padded_convolution_read_in_place_by_a_register_block_is_exact() {
 }
 
 #[test]
+fn a_tile_whose_rows_cross_a_fused_loop_boundary_is_not_loaded_with_one_stride() {
+    // Output pixels (p, q) fused into m: a 16-row AMX tile of a 12-wide image spans two image
+    // rows, so its rows are not one stride apart, although they are for most tiles (those
+    // that start early enough in a row). Likewise (s, c) fused into k with c = 48 under a
+    // 32-deep bf16 tile. Found on a real AMX machine: a dataset's schedule loaded such a tile
+    // directly and flipped the sign of an output.
+    let mut cands = Vec::new();
+    let mut labels = Vec::new();
+    for id in ["amx.tdpbf16ps", "amx.tdpbusd"] {
+        let c = if id == "amx.tdpbf16ps" { 48 } else { 96 };
+        let (ti, tk) = if id == "amx.tdpbf16ps" {
+            (16, 32)
+        } else {
+            (16, 64)
+        };
+        for spec in [
+            // 28 x 28 output pixels: 49 tiles of 16, 3 in 7 crossing a row of 28 (the dataset's
+            // conv, ResNet-50's downsampling 1x1).
+            format!(
+                "conv2d:n=1,h=56,w=56,c=64,k=128,r=1,s=1,stride=2,pad=0,layout=nhwc,{},epilogue=bias",
+                dtypes(id)
+            ),
+            // 2 x 88 output pixels: 11 tiles of 16, one of them crossing.
+            format!(
+                "conv2d:n=1,h=2,w=88,c={tk},k=16,r=1,s=1,stride=1,pad=0,layout=nhwc,{}",
+                dtypes(id)
+            ),
+            // 2 x c window elements fused: 3 tiles of tk, the middle one crossing c.
+            format!(
+                "conv2d:n=1,h=4,w=9,c={c},k=16,r=1,s=2,stride=1,pad=0,layout=nhwc,{}",
+                dtypes(id)
+            ),
+        ] {
+            let w = workload(&spec);
+            let op = w.to_op();
+            let extent = |v: &str| op.iter_vars.iter().find(|x| x.name == v).unwrap().extent;
+            let (pq, sc) = (extent("p") * extent("q"), extent("s") * extent("c"));
+            let mut t = Trace::new();
+            t.reorder(&["n", "r", "p", "q", "k", "s", "c"]);
+            t.fuse(&["p", "q"]).fuse(&["s", "c"]);
+            assert!(
+                pq % ti == 0 && sc % tk == 0,
+                "{spec}: tiles must divide (no guards)"
+            );
+            t.split("p_q", &[1, ti])
+                .split("k", &[1, 16])
+                .split("s_c", &[1, tk]);
+            t.reorder(&[
+                "n", "p_q.0", "k.0", "s_c.0", "r", "s_c.1", "p_q.1", "k.1", "p_q.2", "k.2", "s_c.2",
+            ]);
+            t.cache_write(Scope::new("local").unwrap(), Some("k.0"));
+            t.tensorize(id, &[("m", "p_q.2"), ("n", "k.2"), ("k", "s_c.2")], &[0, 1]);
+            labels.push(format!("{id} {spec}: {t}"));
+            cands.push(Candidate::new(op, t));
+        }
+    }
+    let results = measurer(true).measure(&cands);
+    assert_all_ok(&labels, &results);
+    report_emulated(&["amx.tdpbf16ps", "amx.tdpbusd"]);
+}
+
+#[test]
 fn a_kernel_whose_weights_come_packed_computes_the_same_on_every_allocation() {
     // The int8 reference schedule packs B (the weights) into i16 at its root.
     let w = workload("gemm:m=64,n=64,k=64,dtype=u8,wdtype=i8");

@@ -127,11 +127,13 @@ fn onednn_dtype(w: &Workload) -> &'static str {
 }
 
 /// The most oneDNN may use beside an instruction (`ONEDNN_MAX_CPU_ISA`), so that a row
-/// compares like with like: on an AVX-512 machine, the AVX2 rows face oneDNN's AVX2 kernels.
+/// compares like with like: on an AVX-512 machine, the AVX2 rows face oneDNN's AVX2 kernels,
+/// and on an AMX machine the AVX-512 rows face its AVX-512 kernels, not its tile kernels.
 fn onednn_max_isa(id: &str) -> Option<&'static str> {
     match id.split('.').next() {
         Some("avx2") => Some("AVX2"),
         Some("avxvnni") => Some("AVX2_VNNI"),
+        Some("avx512") => Some("AVX512_CORE_BF16"),
         _ => None,
     }
 }

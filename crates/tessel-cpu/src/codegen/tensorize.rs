@@ -49,7 +49,11 @@ impl Gen<'_> {
     }
 
     /// Whether `r`'s addresses have the instruction's layout for `role`, wherever they point
-    /// (a padded read may leave its buffer), and its row stride.
+    /// (a padded read may leave its buffer), and its row stride: for every value of the
+    /// loops that can change the tile's shape (those divided or taken a remainder of together
+    /// with a tile variable: a fused loop whose tiles can cross a row), tried exhaustively up
+    /// to [`MAX_LAYOUT_CHECKS`] offsets, and for the others at the corners and at
+    /// pseudo-random points (they shift the whole tile, which the offsets do not see).
     pub(super) fn layout_stride(
         &self,
         ins: &Instr,
@@ -82,6 +86,31 @@ impl Gen<'_> {
                     })
                     .collect(),
             );
+        }
+        // Every combination of the entangled loops' values, the other loops at 0.
+        let mut entangled = Vec::new();
+        entangled_vars(&flat, &[lv[di], lv[dj]], &mut entangled);
+        entangled.retain(|v| !lv.contains(v));
+        entangled.sort_unstable();
+        entangled.dedup();
+        let combos = entangled.iter().try_fold(1u64, |acc, &v| {
+            acc.checked_mul(self.p.vars[v].extent.max(1))
+        })?;
+        let tile = u64::try_from(ei.max(1) * ej.max(1)).ok()?;
+        if combos.checked_mul(tile)? > MAX_LAYOUT_CHECKS {
+            return None;
+        }
+        if !entangled.is_empty() {
+            for c in 0..combos {
+                let mut vals = vec![0i64; n];
+                let mut rest = c;
+                for &v in &entangled {
+                    let e = self.p.vars[v].extent.max(1);
+                    vals[v] = (rest % e) as i64;
+                    rest /= e;
+                }
+                samples.push(vals);
+            }
         }
         let mut stride = None;
         for mut vals in samples {
@@ -613,6 +642,28 @@ impl Gen<'_> {
             .checked_add(ins.k())?
             .max(1);
         (zeros <= MAX_ZERO_ELEMENTS).then_some(PaddedFragments { bases, step, zeros })
+    }
+}
+
+/// How many tile offsets [`Gen::layout_stride`] may evaluate over the loops that can change a
+/// tile's shape; past it the operand is staged (correct, slower) rather than guessed.
+const MAX_LAYOUT_CHECKS: u64 = 1 << 20;
+
+/// The loop variables under a division or remainder that also takes one of `moving`:
+/// where they stand decides whether a tile along `moving` crosses a row of the buffer.
+fn entangled_vars(e: &Expr, moving: &[usize], out: &mut Vec<usize>) {
+    match e {
+        Expr::Const(_) | Expr::Var(_) => {}
+        Expr::Add(a, b) => {
+            entangled_vars(a, moving, out);
+            entangled_vars(b, moving, out);
+        }
+        Expr::Mul(a, _) => entangled_vars(a, moving, out),
+        Expr::Div(a, _) | Expr::Mod(a, _) => {
+            if moving.iter().any(|&v| a.uses(v)) {
+                a.collect_vars(out);
+            }
+        }
     }
 }
 
