@@ -2,7 +2,7 @@
 // the way tessel times kernels (median of repeated calls after warm-up).
 //
 //   g++ -O2 -std=c++17 onednn_bench.cpp -o onednn_bench -ldnnl
-//   OMP_NUM_THREADS=1 ./onednn_bench matmul f32 M N K [min_seconds]
+//   OMP_NUM_THREADS=1 ./onednn_bench matmul f32|u8s8s32|bf16 M N K [min_seconds]
 //   OMP_NUM_THREADS=1 ./onednn_bench conv f32 N H W C K R S stride pad nhwc|any [min_seconds]
 //
 // Weights use format_tag::any and are reordered once outside the timing (pre-packed, as a
@@ -61,7 +61,8 @@ static double time_it(primitive &prim, stream &s, std::unordered_map<int, memory
 static dt parse_dt(const std::string &d, dt *b, dt *c) {
     if (d == "f32") { *b = dt::f32; *c = dt::f32; return dt::f32; }
     if (d == "u8s8s32") { *b = dt::s8; *c = dt::s32; return dt::u8; }
-    fprintf(stderr, "dtype: f32 or u8s8s32\n");
+    if (d == "bf16") { *b = dt::bf16; *c = dt::f32; return dt::bf16; }
+    fprintf(stderr, "dtype: f32, u8s8s32 or bf16 (bf16 x bf16 -> f32)\n");
     exit(2);
 }
 

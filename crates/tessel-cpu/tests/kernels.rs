@@ -322,6 +322,88 @@ fn a_padded_convolution_read_in_place_by_a_register_block_is_exact() {
 }
 
 #[test]
+fn a_register_block_holds_its_accumulators_across_the_whole_convolution_window() {
+    // The input copied per block of pixels (padding included), the window loops (r, s) and
+    // the channel loops directly nested: one register block over all of them, accumulators
+    // loaded once before c.0 and stored once after (on AMX a tile stored and reloaded at every
+    // tap waits for its store).
+    let catalog = Catalog::default();
+    let local = Scope::new("local").unwrap();
+    let mut cands = Vec::new();
+    let mut labels = Vec::new();
+    for id in CPU_INSTRUCTIONS {
+        let intr = catalog.get(id).unwrap();
+        let (mi, ni, ki) = (intr.m, intr.n, intr.k);
+        for spec in [
+            format!(
+                "conv2d:n=1,h=8,w=8,c={},k={},r=3,s=3,stride=1,pad=1,layout=nhwc,{}",
+                2 * ki,
+                2 * ni,
+                dtypes(id)
+            ),
+            format!(
+                "conv2d:n=1,h=8,w=8,c={},k={},r=3,s=3,stride=1,pad=1,layout=nhwc,{},epilogue=bias+relu",
+                2 * ki,
+                2 * ni,
+                dtypes(id)
+            ),
+        ] {
+            let w = workload(&spec);
+            let op = w.to_op();
+            let mut t = Trace::new();
+            // vpmaddwd multiplies u8 x i8 widened to i16 (convert-on-pack).
+            if w.types().dtype != intr.a {
+                t.cast(0, intr.a);
+            }
+            if w.types().wdtype != intr.b {
+                t.cast(1, intr.b);
+            }
+            t.reorder(&["r", "s", "n", "p", "q", "k", "c"]);
+            t.fuse(&["n", "p", "q"]);
+            t.split("n_p_q", &[2, mi])
+                .split("k", &[2, ni])
+                .split("c", &[1, ki]);
+            t.reorder(&[
+                "k.0", "n_p_q.0", "c.0", "r", "s", "c.1", "n_p_q.1", "k.1", "n_p_q.2", "k.2", "c.2",
+            ]);
+            // W[k, r, s, c] as [r, s, k / 2n, c / g, 2n, g]: B's tiles contiguous, in the
+            // instruction's (VNNI) layout.
+            let group = if ki > 1 {
+                (4 / intr.b.bytes() as u64).min(ki)
+            } else {
+                1
+            };
+            t.pack(
+                1,
+                LayoutTransform {
+                    splits: vec![(0, 2 * ni), (3, group)],
+                    order: vec![2, 3, 0, 4, 1, 5],
+                },
+            );
+            t.cache_write(local.clone(), Some("n_p_q.0"));
+            t.cache_read(0, local.clone(), Some("n_p_q.0"));
+            t.unroll("n_p_q.1").unroll("k.1");
+            t.tensorize(id, &[("m", "n_p_q.2"), ("n", "k.2"), ("k", "c.2")], &[0, 1]);
+            let program = t
+                .lower(&op, &catalog)
+                .unwrap_or_else(|e| panic!("{id} {spec}: {e}"));
+            let source = tessel_cpu::generate(&program, "k", &catalog)
+                .unwrap()
+                .source;
+            assert!(
+                source.contains("held across `c.0`, `r`, `s`, `c.1`"),
+                "{id} {spec}: the window loops are not inside the register block:\n{source}"
+            );
+            labels.push(format!("{id} {spec}: {t}"));
+            cands.push(Candidate::new(op, t));
+        }
+    }
+    let results = measurer(true).measure(&cands);
+    assert_all_ok(&labels, &results);
+    report_emulated(&CPU_INSTRUCTIONS);
+}
+
+#[test]
 fn a_tile_whose_rows_cross_a_fused_loop_boundary_is_not_loaded_with_one_stride() {
     // Output pixels (p, q) fused into m: a 16-row AMX tile of a 12-wide image spans two image
     // rows, so its rows are not one stride apart, although they are for most tiles (those

@@ -36,6 +36,10 @@ pub struct BenchOptions {
     /// Skip the oneDNN baseline.
     #[cfg_attr(feature = "clap", arg(long))]
     pub no_onednn: bool,
+    /// Time tessel's kernels with their weights packed beforehand (the pre-packed entry
+    /// point), as oneDNN's matmul is timed (its B reordered once, before timing).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub prepacked_weights: bool,
     /// The measurement worker executable (default: this program).
     #[cfg_attr(feature = "clap", arg(skip))]
     pub worker_exe: Option<PathBuf>,
@@ -253,8 +257,15 @@ pub fn bench_cpu(o: &BenchOptions, progress: &mut dyn Progress) -> Result<BenchR
     let fingerprint =
         tessel_cpu::fingerprint(threads.first().copied().unwrap_or(1), compiler.version());
     progress.note(&format!(
-        "tessel CPU benchmark: gemm {size}^3 on {} ({}), {}",
-        fingerprint.model, fingerprint.version, fingerprint.compiler
+        "tessel CPU benchmark: gemm {size}^3 on {} ({}), {}{}",
+        fingerprint.model,
+        fingerprint.version,
+        fingerprint.compiler,
+        if o.prepacked_weights {
+            "; tessel's weights pre-packed, as oneDNN's are"
+        } else {
+            "; tessel packs its weights inside the timed call, oneDNN's are pre-packed"
+        }
     ));
     if let Err(why) = &onednn_exe {
         progress.note(&format!("oneDNN: {why}"));
@@ -294,7 +305,9 @@ pub fn bench_cpu(o: &BenchOptions, progress: &mut dyn Progress) -> Result<BenchR
                 row.note = format!("skipped: {why}");
             } else {
                 let trace = reference_gemm(&w, id, None).map_err(Error::Invalid)?;
-                match m.measure(&[Candidate::new(w.to_op(), trace)]).remove(0) {
+                let weights = w.weight_input().filter(|_| o.prepacked_weights);
+                let candidate = Candidate::new(w.to_op(), trace).with_prepacked_weights(weights);
+                match m.measure(&[candidate]).remove(0) {
                     Ok(r) => {
                         row.tessel_gops = Some(r.gflops);
                         row.percent_of_peak = peak.map(|p| 100.0 * r.gflops / p);
