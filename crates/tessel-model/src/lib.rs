@@ -48,7 +48,7 @@ use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-pub use cost::ModelCostModel;
+pub use cost::{ModelCostModel, RooflineCostModel};
 pub use metrics::{Metrics, Ranked};
 pub use net::ModelConfig;
 pub use train::{EpochReport, Loss, TrainOptions, TrainReport, Trainable, train};

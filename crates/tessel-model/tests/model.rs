@@ -503,3 +503,33 @@ fn the_roofline_prior_adds_to_the_network_score_and_is_saved() {
     assert_eq!(loaded.predict(&programs), b);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_roofline_cost_model_puts_the_classic_gemm_ahead_of_the_naive_loops() {
+    use std::collections::BTreeMap;
+    use tessel_features::Target;
+    use tessel_measure::CostModel;
+    use tessel_model::RooflineCostModel;
+    use tessel_search::{InstructionSet, Space};
+
+    let op = "gemm:m=256,n=256,k=256,dtype=f32"
+        .parse::<tessel_ir::Workload>()
+        .unwrap()
+        .to_op();
+    // The classic register-blocked seed on the FMA, and the naive loop nest.
+    let fma = Space::new(&op, &InstructionSet::Only(vec!["avx2.vfmadd231ps".into()]));
+    let classic = fma.lower(&fma.seeds()[0]).unwrap().1;
+    let loops = tessel_ir::Trace::new().lower(&op, &()).unwrap();
+    let target = Target::cpu(
+        "t",
+        &["avx2".into(), "fma".into()],
+        1,
+        &BTreeMap::new(),
+        None,
+    );
+    let mut cm = RooflineCostModel::new(target);
+    assert_eq!(cm.name(), "roofline");
+    let s = cm.predict(&[&classic, &loops]);
+    assert!(s.iter().all(|x| x.is_finite()), "{s:?}");
+    assert!(s[0] > s[1], "classic {} vs loops {}", s[0], s[1]);
+}

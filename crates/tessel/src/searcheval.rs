@@ -51,7 +51,8 @@ pub struct SearchEvalOptions {
     /// Runs per task and ranking, seeds 1 to N.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 2))]
     pub seeds: u64,
-    /// The model to evaluate (`shipped` or a file from `pretrain`); random is the baseline.
+    /// The model to evaluate (`shipped`, `roofline` or a file from `pretrain`); random is the
+    /// baseline.
     #[cfg_attr(feature = "clap", arg(long, default_value = "shipped"))]
     pub model: ModelChoice,
     /// Sketches per generation of the evolutionary search (both rankings).
@@ -260,6 +261,7 @@ pub fn search_eval(o: &SearchEvalOptions, progress: &mut dyn Progress) -> Result
             load_model(p)?;
             p.display().to_string()
         }
+        ModelChoice::Roofline => "roofline".to_string(),
         ModelChoice::Random => bail!("--model none: random is the baseline; give a model"),
     };
 

@@ -30,6 +30,9 @@ pub enum ModelChoice {
     Random,
     /// A model file from `pretrain` (its `.safetensors` or `.json`).
     File(PathBuf),
+    /// The analytic roofline estimate of each candidate, fitted on nothing (CPU targets): for
+    /// an instruction or machine no model was trained on.
+    Roofline,
 }
 
 impl FromStr for ModelChoice {
@@ -38,7 +41,8 @@ impl FromStr for ModelChoice {
         Ok(match s {
             "shipped" => ModelChoice::Shipped,
             "none" | "random" => ModelChoice::Random,
-            "" => bail!("model: give a model file, `shipped` or `none`"),
+            "roofline" => ModelChoice::Roofline,
+            "" => bail!("model: give a model file, `shipped`, `roofline` or `none`"),
             path => ModelChoice::File(path.into()),
         })
     }
@@ -72,7 +76,8 @@ pub struct TuneOptions {
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 64))]
     pub trials: usize,
     /// Cost model: a model file from `pretrain` (`.safetensors` or `.json`), `none` for the
-    /// random ranking, or `shipped` (fixtures/models).
+    /// random ranking, `shipped` (fixtures/models), or `roofline` (the analytic estimate from
+    /// the allocation features, fitted on nothing: for an instruction the model never saw).
     #[cfg_attr(feature = "clap", arg(long, default_value = "shipped"))]
     pub model: ModelChoice,
     /// Tuning log (JSON Lines, append-only; a rerun resumes from it).
@@ -291,7 +296,7 @@ pub fn cpu_instructions(items: &[String]) -> Result<Vec<String>> {
 pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneReport> {
     // Load the model before anything slow, so a bad file fails at once.
     let learned = match &opts.model {
-        ModelChoice::Random => None,
+        ModelChoice::Random | ModelChoice::Roofline => None,
         // Trained on CPU measurements: GPU targets start from the random ranking.
         ModelChoice::Shipped if opts.target == TargetSpec::Cpu => shipped_model(progress),
         ModelChoice::Shipped => None,
@@ -377,6 +382,16 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
     }
     let fingerprint = target.fingerprint();
     let mut model: Box<dyn CostModel> = match learned {
+        None if opts.model == ModelChoice::Roofline => {
+            if opts.target != TargetSpec::Cpu {
+                bail!(
+                    "--model roofline ranks CPU candidates; {} is not a CPU target",
+                    target.label()
+                );
+            }
+            let features = tessel_features::Target::from_fingerprint(&fingerprint)?;
+            Box::new(tessel_model::RooflineCostModel::new(features))
+        }
         None => Box::new(RandomModel::new(opts.seed)),
         Some((path, m)) => {
             let features = tessel_features::Target::from_fingerprint(&fingerprint)?;
