@@ -204,6 +204,17 @@ fn a_padded_register_block_over_a_packed_a_block_is_exact() {
     assert_all_ok(&labels, &results);
 }
 
+/// The C that `t` generates on `op` (panics naming `what` where it does not lower).
+fn generated_c(t: &Trace, op: &tessel_ir::ComputeOp, what: &str) -> String {
+    let catalog = Catalog::default();
+    let program = t
+        .lower(op, &catalog)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    tessel_cpu::generate(&program, "k", &catalog)
+        .unwrap()
+        .source
+}
+
 /// A register-blocked convolution that reads its input in place (no im2col copy): `mr`
 /// output pixels by `nr` vectors of output channels, held across the channel loop.
 fn in_place_conv_trace(op: &tessel_ir::ComputeOp, id: &str, mr: u64, nr: u64) -> Trace {
@@ -301,12 +312,7 @@ fn a_padded_convolution_read_in_place_by_a_register_block_is_exact() {
             };
             for (mr, nr) in blocks {
                 let t = in_place_conv_trace(&op, id, mr, nr);
-                let program = t
-                    .lower(&op, &catalog)
-                    .unwrap_or_else(|e| panic!("{id} {spec}: {e}"));
-                let source = tessel_cpu::generate(&program, "k", &catalog)
-                    .unwrap()
-                    .source;
+                let source = generated_c(&t, &op, &format!("{id} {spec}"));
                 assert!(
                     source.contains("register block") && source.contains("tsl_zero_a"),
                     "{id} {spec} ({mr} pixels): not read in place by a register block:\n{source}"
@@ -384,12 +390,7 @@ fn a_register_block_holds_its_accumulators_across_the_whole_convolution_window()
             t.cache_read(0, local.clone(), Some("n_p_q.0"));
             t.unroll("n_p_q.1").unroll("k.1");
             t.tensorize(id, &[("m", "n_p_q.2"), ("n", "k.2"), ("k", "c.2")], &[0, 1]);
-            let program = t
-                .lower(&op, &catalog)
-                .unwrap_or_else(|e| panic!("{id} {spec}: {e}"));
-            let source = tessel_cpu::generate(&program, "k", &catalog)
-                .unwrap()
-                .source;
+            let source = generated_c(&t, &op, &format!("{id} {spec}"));
             assert!(
                 source.contains("held across `c.0`, `r`, `s`, `c.1`"),
                 "{id} {spec}: the window loops are not inside the register block:\n{source}"

@@ -304,10 +304,20 @@ fn bad_model_files_are_clear_errors() {
     ));
 }
 
+/// An AVX2 + FMA machine of one core, as the features see it.
+fn avx2_target() -> tessel_features::Target {
+    tessel_features::Target::cpu(
+        "t",
+        &["avx2".into(), "fma".into()],
+        1,
+        &std::collections::BTreeMap::new(),
+        None,
+    )
+}
+
 #[test]
 fn the_cost_model_scores_programs_and_learns_online() {
-    use std::collections::BTreeMap;
-    use tessel_features::{Target, WIDTH as FEATURES};
+    use tessel_features::WIDTH as FEATURES;
     use tessel_measure::{CostModel, Measurement, Timing};
     use tessel_model::ModelCostModel;
     use tessel_model::cost::OnlineOptions;
@@ -324,13 +334,7 @@ fn the_cost_model_scores_programs_and_learns_online() {
         .filter_map(|_| space.lower(&space.sample(&mut rng)).ok().map(|(_, p)| p))
         .collect();
     let refs: Vec<&tessel_ir::Program> = programs.iter().collect();
-    let target = Target::cpu(
-        "t",
-        &["avx2".into(), "fma".into()],
-        1,
-        &BTreeMap::new(),
-        None,
-    );
+    let target = avx2_target();
     let mut config = ModelConfig::new(FEATURES);
     config.d_model = 16;
     config.heads = 2;
@@ -457,8 +461,7 @@ fn arbitrary_model_files_are_errors_not_panics() {
 
 #[test]
 fn the_roofline_prior_adds_to_the_network_score_and_is_saved() {
-    use std::collections::BTreeMap;
-    use tessel_features::{Target, WIDTH as FEATURES, extract};
+    use tessel_features::{WIDTH as FEATURES, extract};
     use tessel_model::prior_score;
     use tessel_search::rng::Rng;
     use tessel_search::{InstructionSet, Space};
@@ -468,13 +471,7 @@ fn the_roofline_prior_adds_to_the_network_score_and_is_saved() {
         .unwrap()
         .to_op();
     let space = Space::new(&op, &InstructionSet::Only(vec!["avx2.vfmadd231ps".into()]));
-    let target = Target::cpu(
-        "t",
-        &["avx2".into(), "fma".into()],
-        1,
-        &BTreeMap::new(),
-        None,
-    );
+    let target = avx2_target();
     let mut rng = Rng::new(3);
     let tokens: Vec<Vec<f32>> = (0..8)
         .filter_map(|_| space.lower(&space.sample(&mut rng)).ok())
@@ -506,8 +503,6 @@ fn the_roofline_prior_adds_to_the_network_score_and_is_saved() {
 
 #[test]
 fn the_roofline_cost_model_puts_the_classic_gemm_ahead_of_the_naive_loops() {
-    use std::collections::BTreeMap;
-    use tessel_features::Target;
     use tessel_measure::CostModel;
     use tessel_model::RooflineCostModel;
     use tessel_search::{InstructionSet, Space};
@@ -520,13 +515,7 @@ fn the_roofline_cost_model_puts_the_classic_gemm_ahead_of_the_naive_loops() {
     let fma = Space::new(&op, &InstructionSet::Only(vec!["avx2.vfmadd231ps".into()]));
     let classic = fma.lower(&fma.seeds()[0]).unwrap().1;
     let loops = tessel_ir::Trace::new().lower(&op, &()).unwrap();
-    let target = Target::cpu(
-        "t",
-        &["avx2".into(), "fma".into()],
-        1,
-        &BTreeMap::new(),
-        None,
-    );
+    let target = avx2_target();
     let mut cm = RooflineCostModel::new(target);
     assert_eq!(cm.name(), "roofline");
     let s = cm.predict(&[&classic, &loops]);
