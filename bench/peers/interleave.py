@@ -6,7 +6,7 @@
     bench/peers/.venv/bin/python bench/peers/interleave.py --spec SPEC --log t.jsonl --rounds 15
 
 Some machines change speed for seconds at a time (a cloud guest whose sibling hyperthread or
-matrix unit another tenant uses: oneDNN's AMX int8 matmul measured 740-2000 GOP/s a second
+matrix unit another tenant uses: oneDNN's AMX int8 matmul measured 735-1960 GOP/s a second
 apart on an idle core). Two runs minutes apart then compare two machine states, not two
 programs. Here each round runs tessel's best kernel of a tune log (`xtask measure --trace
 --prepacked-weights`, a fresh process and fresh buffers, as oneDNN's weights are pre-packed)
