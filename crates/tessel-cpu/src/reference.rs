@@ -8,7 +8,9 @@
 //! walk the k blocks inside each row block; AMX walks the row blocks inside each k block, so
 //! that a B block stays in cache while every row block of A streams past it.
 
-use tessel_intrin::{Catalog, Intrinsic, accumulator_budget, busiest_register_block};
+use tessel_intrin::{
+    Catalog, Intrinsic, accumulator_budget, busiest_register_block, largest_dividing_block,
+};
 use tessel_ir::{LayoutTransform, Scope, Trace, Workload};
 
 /// The tile sizes of a reference GEMM schedule.
@@ -49,22 +51,13 @@ impl GemmPlan {
             let (mr, nr) = busiest_register_block(m.div_ceil(mi), n / ni, budget, max_nr);
             return GemmPlan { mr, nr, kc };
         }
-        // The most accumulators without padding; ties go to the wider n (the block found
-        // first), which loads fewer vectors per product: 4x4 over 8x2.
-        let mut best = (1u64, 1u64);
-        for nr in (1..=max_nr).rev() {
-            for mr in (1..=budget / nr).rev() {
-                let fits = m.is_multiple_of(mr * mi) && n.is_multiple_of(nr * ni);
-                if fits && mr * nr > best.0 * best.1 {
-                    best = (mr, nr);
-                }
-            }
-        }
-        if best == (1, 1) && !(m.is_multiple_of(mi) && n.is_multiple_of(ni)) {
-            // Nothing avoids padding: the largest block.
-            best = largest;
-        }
-        let (mr, nr) = best;
+        // The most accumulators without padding (4x4 over 8x2); where nothing avoids padding,
+        // the largest block.
+        let (mr, nr) = if m.is_multiple_of(mi) && n.is_multiple_of(ni) {
+            largest_dividing_block(m / mi, n / ni, budget, max_nr)
+        } else {
+            largest
+        };
         GemmPlan { mr, nr, kc }
     }
 }

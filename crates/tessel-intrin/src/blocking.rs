@@ -29,6 +29,21 @@ pub fn accumulator_budget(intr: &Intrinsic) -> u64 {
     }
 }
 
+/// The register block with the most accumulators (at most `budget`, `nr` at most `max_nr`)
+/// whose `mr` divides `mt` and `nr` divides `nt`: no padding, which AMX tile calls cannot
+/// take. Ties go to the wider n (found first), which loads fewer vectors per product.
+pub fn largest_dividing_block(mt: u64, nt: u64, budget: u64, max_nr: u64) -> (u64, u64) {
+    let mut best = (1u64, 1u64);
+    for nr in (1..=max_nr).rev() {
+        for mr in (1..=budget / nr).rev() {
+            if mt.is_multiple_of(mr) && nt.is_multiple_of(nr) && mr * nr > best.0 * best.1 {
+                best = (mr, nr);
+            }
+        }
+    }
+    best
+}
+
 /// The register block (`mr` tiles along m, `nr` along n) that keeps the most of `budget`
 /// accumulators busy with real rows, over `mt` tiles along m and `nt` along n: `nr` divides
 /// `nt` (at most `max_nr`), `mr` is at most 8 and need not divide `mt` (the last block's

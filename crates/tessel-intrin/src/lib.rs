@@ -34,7 +34,9 @@ mod host;
 mod matching;
 mod platform;
 
-pub use blocking::{accumulator_budget, busiest_register_block, max_accumulators};
+pub use blocking::{
+    accumulator_budget, busiest_register_block, largest_dividing_block, max_accumulators,
+};
 pub use catalog::{Catalog, catalog};
 pub use desc::{
     Intrinsic, LayoutReq, MemLevel, OperandMemory, Platform, Requirement, Storage, Throughput,

@@ -117,15 +117,8 @@ impl Space {
         let (mt, nt, kt) = (tiles(0, intr.m), tiles(1, intr.n), tiles(2, intr.k));
         let amx = intr.id.starts_with("amx");
         let (best, order) = if amx {
-            let mut best = (1u64, 1u64);
-            for nr in (1..=2).rev() {
-                for mr in (1..=tessel_intrin::accumulator_budget(intr) / nr).rev() {
-                    if mt.is_multiple_of(mr) && nt.is_multiple_of(nr) && mr * nr > best.0 * best.1 {
-                        best = (mr, nr);
-                    }
-                }
-            }
-            (best, 0)
+            let budget = tessel_intrin::accumulator_budget(intr);
+            (tessel_intrin::largest_dividing_block(mt, nt, budget, 2), 0)
         } else {
             let max_nr = if intr.registers < 32 { 2 } else { 4 };
             (
