@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use serde::Serialize;
 use tessel::intrin::{Catalog, HostCpu, Intrinsic, Support, match_op};
-use tessel::ir::{NETWORKS, network};
+use tessel::ir::{IMAGE_SIZES, NETWORKS, RESIZABLE_NETWORKS, network};
 use tessel::{DType, Workload};
 
 #[derive(clap::Args)]
@@ -54,6 +54,12 @@ pub fn workloads(a: &WorkloadsArgs) -> Result<()> {
             for (name, desc) in NETWORKS {
                 println!("  {name:<16} {desc}");
             }
+            println!(
+                "{} also build at another input size: NAME-SIZE, SIZE a multiple of 32 from {} to {} (e.g. resnet50-256)",
+                RESIZABLE_NETWORKS.join(", "),
+                IMAGE_SIZES.start(),
+                IMAGE_SIZES.end()
+            );
         }
         return Ok(());
     };

@@ -314,11 +314,22 @@ pub fn dataset(r: &DatasetReport, opts: &DatasetOptions) {
 }
 
 fn comparison(label: &str, c: &Comparison) {
+    comparison_with(label, c, None);
+}
+
+/// A comparison with the shipped ensemble's row (the network plus its trees and ridge) first.
+fn comparison_with(label: &str, c: &Comparison, ensemble: Option<&tessel::model::Metrics>) {
     println!("{label}");
     println!(
         "  {:<8} {:>6} {:>6} {:>9} {:>8}",
         "", "top-1", "top-5", "pairwise", "tau"
     );
+    if let Some(m) = ensemble {
+        println!(
+            "  {:<8} {:>6.3} {:>6.3} {:>9.3} {:>8.3}  (the network + its trees + ridge: what tune ranks by)",
+            "ensemble", m.top1, m.top5, m.pairwise_accuracy, m.kendall_tau
+        );
+    }
     for (name, m) in [
         ("model", &c.model),
         ("ridge", &c.ridge),
@@ -339,15 +350,22 @@ pub fn pretrain(r: &PretrainReport) {
         r.records, r.tasks, r.parameters
     );
     if let Some(c) = &r.validation {
-        comparison(
+        comparison_with(
             &format!(
                 "validation ({} held-out tasks; best epoch {}):",
                 r.validation_tasks, r.training.best_epoch
             ),
             c,
+            r.validation_ensemble.as_ref(),
         );
     }
     println!("saved {} and {}", r.saved.0.display(), r.saved.1.display());
+    if let Some(p) = &r.saved_ensemble {
+        println!(
+            "saved {} (the trees and ridge of the ensemble)",
+            p.display()
+        );
+    }
 }
 
 pub fn transfer(r: &TransferReport) {
@@ -393,9 +411,9 @@ pub fn eval(r: &EvalReport) {
         pairwise_accuracy: r.pairwise_accuracy,
         kendall_tau: r.kendall_tau,
     };
-    comparison(
+    comparison_with(
         &format!(
-            "{} on {} records of {} tasks (ridge: fitted on half the tasks, tested on the other):",
+            "{} on {} records of {} tasks (ridge and trees: fitted on half the tasks, tested on the other):",
             r.model, r.records, r.tasks
         ),
         &Comparison {
@@ -405,10 +423,16 @@ pub fn eval(r: &EvalReport) {
             roofline: r.roofline,
             random: r.random,
         },
+        r.ensemble.as_ref(),
     );
     let losing: Vec<_> = r.task_picks.iter().filter(|p| p.loss_share > 0.0).collect();
     if !losing.is_empty() {
-        println!("where the model's top-1 loses most (latency-weighted; share of the loss):");
+        let whose = if r.ensemble.is_some() {
+            "ensemble"
+        } else {
+            "model"
+        };
+        println!("where the {whose}'s top-1 loses most (latency-weighted; share of the loss):");
         for p in losing.iter().take(5) {
             println!(
                 "  {:5.1}%  {}  (x{}, {} records): picked {:.3} ms, best {:.3} ms ({:.2}x)",

@@ -98,6 +98,8 @@ pub enum NetworkError {
     Unknown { name: String, known: String },
     #[error("batch size must be at least 1")]
     ZeroBatch,
+    #[error("network `{name}`: input size `{size}` must be a multiple of 32 from 64 to 1024")]
+    ImageSize { name: String, size: String },
     #[error("layer `{layer}` of {network}: {source}")]
     Layer {
         network: String,

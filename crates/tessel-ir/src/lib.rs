@@ -46,7 +46,8 @@ pub use data::TensorData;
 pub use dtype::DType;
 pub use error::{ExecError, NetworkError, OpError, ScheduleError, SpecError, TraceIoError};
 pub use network::{
-    Layer, MOBILENET_V2_BLOCKS, NETWORKS, Network, Task, network, network_with_types,
+    IMAGE_SIZES, Layer, MOBILENET_V2_BLOCKS, NETWORKS, Network, RESIZABLE_NETWORKS, Task, network,
+    network_with_types,
 };
 pub use op::{AffineExpr, ComputeOp, Epilogue, IterKind, IterVar, Operand, TensorDecl};
 pub use schedule::Schedule;

@@ -66,6 +66,42 @@ pub const NETWORKS: &[(&str, &str)] = &[
     ),
 ];
 
+/// The convolutional networks, which also build at another input size: `NAME-SIZE` (e.g.
+/// `resnet50-256`), TenSet's way of getting more convolution shapes from one architecture.
+pub const RESIZABLE_NETWORKS: &[&str] = &[
+    "resnet50",
+    "resnet18",
+    "resnext50",
+    "mobilenet-v1",
+    "mobilenet-v2",
+];
+
+/// The input sizes a resizable network takes: multiples of 32 (every stage halves it, five
+/// times) from 64 to 1024.
+pub const IMAGE_SIZES: std::ops::RangeInclusive<u64> = 64..=1024;
+
+/// Splits `resnet50-256` into (`resnet50`, 256); a name without a size gets 224.
+fn split_image_size(name: &str) -> Result<(&str, u64), NetworkError> {
+    if let Some((base, size)) = name.rsplit_once('-')
+        && RESIZABLE_NETWORKS.contains(&base)
+        && !size.is_empty()
+        && size.bytes().all(|c| c.is_ascii_digit())
+    {
+        let image = size
+            .parse::<u64>()
+            .ok()
+            .filter(|s| IMAGE_SIZES.contains(s) && s % 32 == 0);
+        return match image {
+            Some(image) => Ok((base, image)),
+            None => Err(NetworkError::ImageSize {
+                name: name.to_string(),
+                size: size.to_string(),
+            }),
+        };
+    }
+    Ok((name, 224))
+}
+
 /// One operator occurrence in a network.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Layer {
@@ -135,12 +171,13 @@ pub fn network_with_types(name: &str, batch: u64, types: Types) -> Result<Networ
         graph: DiGraph::new(),
         types,
     };
-    match name {
-        "resnet50" => resnet50(&mut b, batch),
-        "resnet18" => resnet18(&mut b, batch),
-        "resnext50" => resnext50(&mut b, batch),
-        "mobilenet-v1" => mobilenet_v1(&mut b, batch),
-        "mobilenet-v2" => mobilenet_v2(&mut b, batch),
+    let (base, image) = split_image_size(name)?;
+    match base {
+        "resnet50" => resnet50(&mut b, batch, image),
+        "resnet18" => resnet18(&mut b, batch, image),
+        "resnext50" => resnext50(&mut b, batch, image),
+        "mobilenet-v1" => mobilenet_v1(&mut b, batch, image),
+        "mobilenet-v2" => mobilenet_v2(&mut b, batch, image),
         "bert-tiny-128" => bert(&mut b, TINY, batch, 128),
         "bert-base-128" => bert(&mut b, BASE, batch, 128),
         "bert-base-512" => bert(&mut b, BASE, batch, 512),
@@ -154,7 +191,11 @@ pub fn network_with_types(name: &str, batch: u64, types: Types) -> Result<Networ
                     .iter()
                     .map(|(n, _)| *n)
                     .collect::<Vec<_>>()
-                    .join(", "),
+                    .join(", ")
+                    + &format!(
+                        "; {} also take an input size, e.g. resnet50-256",
+                        RESIZABLE_NETWORKS.join(", ")
+                    ),
             });
         }
     }
@@ -276,21 +317,21 @@ const NONE: EpilogueSpec = EpilogueSpec {
 };
 
 /// ResNet-50 v1.5 (stride on the 3x3 convolution), batch-norm folded into a bias.
-fn resnet50(b: &mut Builder, n: u64) {
-    bottleneck_resnet(b, n, 1, 1);
+fn resnet50(b: &mut Builder, n: u64, image: u64) {
+    bottleneck_resnet(b, n, image, 1, 1);
 }
 
 /// ResNeXt-50 32x4d: ResNet-50 with 3x3 convolutions of 32 groups, twice as wide.
-fn resnext50(b: &mut Builder, n: u64) {
-    bottleneck_resnet(b, n, 32, 2);
+fn resnext50(b: &mut Builder, n: u64, image: u64) {
+    bottleneck_resnet(b, n, image, 32, 2);
 }
 
 /// The stem and the stages of ResNet-50 and ResNeXt-50: bottleneck blocks whose 3x3
 /// convolution has `groups` groups and `widen` times the ResNet-50 width.
-fn bottleneck_resnet(b: &mut Builder, n: u64, groups: u64, widen: u64) {
+fn bottleneck_resnet(b: &mut Builder, n: u64, image: u64, groups: u64, widen: u64) {
     let (stem, _) = b.conv(
         "conv1".into(),
-        (n, 224, 224, 3),
+        (n, image, image, 3),
         64,
         7,
         2,
@@ -300,7 +341,7 @@ fn bottleneck_resnet(b: &mut Builder, n: u64, groups: u64, widen: u64) {
     );
     // 3x3/2 max pooling: 112 -> 56.
     let mut x = stem;
-    let (mut hw, mut c) = (56, 64);
+    let (mut hw, mut c) = (image / 4, 64);
     for (stage, &(blocks, planes, stride)) in [(3, 64, 1), (4, 128, 2), (6, 256, 2), (3, 512, 2)]
         .iter()
         .enumerate()
@@ -364,10 +405,10 @@ fn bottleneck_resnet(b: &mut Builder, n: u64, groups: u64, widen: u64) {
 }
 
 /// ResNet-18: basic blocks of two 3x3 convolutions.
-fn resnet18(b: &mut Builder, n: u64) {
+fn resnet18(b: &mut Builder, n: u64, image: u64) {
     let (mut x, _) = b.conv(
         "conv1".into(),
-        (n, 224, 224, 3),
+        (n, image, image, 3),
         64,
         7,
         2,
@@ -375,7 +416,7 @@ fn resnet18(b: &mut Builder, n: u64) {
         BIAS_RELU,
         &[],
     );
-    let (mut hw, mut c) = (56, 64);
+    let (mut hw, mut c) = (image / 4, 64);
     for (stage, &(out_c, stride)) in [(64, 1), (128, 2), (256, 2), (512, 2)].iter().enumerate() {
         for blk in 0..2 {
             let s = if blk == 0 { stride } else { 1 };
@@ -451,8 +492,17 @@ pub const MOBILENET_V1_BLOCKS: [(u64, u64); 13] = [
     (1, 1024),
 ];
 
-fn mobilenet_v1(b: &mut Builder, n: u64) {
-    let (mut x, mut hw) = b.conv("stem".into(), (n, 224, 224, 3), 32, 3, 2, 1, BIAS_RELU, &[]);
+fn mobilenet_v1(b: &mut Builder, n: u64, image: u64) {
+    let (mut x, mut hw) = b.conv(
+        "stem".into(),
+        (n, image, image, 3),
+        32,
+        3,
+        2,
+        1,
+        BIAS_RELU,
+        &[],
+    );
     let mut c = 32;
     for (i, &(stride, out_c)) in MOBILENET_V1_BLOCKS.iter().enumerate() {
         let (d, out_hw) = b.grouped_conv(
@@ -482,8 +532,17 @@ fn mobilenet_v1(b: &mut Builder, n: u64) {
     b.dense("classifier".into(), n, 1000, c, BIAS, &[x]);
 }
 
-fn mobilenet_v2(b: &mut Builder, n: u64) {
-    let (mut x, mut hw) = b.conv("stem".into(), (n, 224, 224, 3), 32, 3, 2, 1, BIAS_RELU, &[]);
+fn mobilenet_v2(b: &mut Builder, n: u64, image: u64) {
+    let (mut x, mut hw) = b.conv(
+        "stem".into(),
+        (n, image, image, 3),
+        32,
+        3,
+        2,
+        1,
+        BIAS_RELU,
+        &[],
+    );
     let mut c = 32;
     for (i, &(t, out_c, repeats, stride)) in MOBILENET_V2_BLOCKS.iter().enumerate() {
         for r in 0..repeats {
@@ -773,6 +832,54 @@ mod tests {
         assert!((g - params - attention_decode).abs() < 1.0);
         let p = gmacs("llama7b-prefill", 1) * 1e9;
         assert!((p - 512.0 * params - 512.0 * attention_decode).abs() < 1.0);
+    }
+
+    #[test]
+    fn a_network_at_another_input_size_has_its_own_convolutions() {
+        // MACs grow with the pixels; the classifier stays the same task.
+        let (g224, g256) = (gmacs("resnet50", 1), gmacs("resnet50-256", 1));
+        assert!(
+            (g256 / g224 - (256.0f64 / 224.0).powi(2)).abs() < 0.01,
+            "{g256}"
+        );
+        let spec = |name: &str| -> Vec<String> {
+            network(name, 1, DType::F32)
+                .unwrap()
+                .tasks()
+                .iter()
+                .map(|t| t.workload.to_string())
+                .collect()
+        };
+        let (small, large) = (spec("resnet50"), spec("resnet50-256"));
+        assert_eq!(small.len(), large.len());
+        let shared: Vec<_> = large.iter().filter(|t| small.contains(t)).collect();
+        assert_eq!(shared.len(), 1, "only the classifier is shared: {shared:?}");
+        assert!(shared[0].starts_with("dense"));
+        assert!(large.iter().any(|t| t.contains("h=256,w=256,c=3")));
+        // The default size is 224.
+        assert_eq!(spec("mobilenet-v2-224"), spec("mobilenet-v2"));
+        for name in RESIZABLE_NETWORKS {
+            assert!(gmacs(&format!("{name}-160"), 1) > 0.0, "{name}");
+        }
+    }
+
+    #[test]
+    fn input_sizes_out_of_range_are_refused_by_name() {
+        for bad in [
+            "resnet50-250",
+            "resnet50-32",
+            "resnet50-2048",
+            "resnet50-99999999999999999999",
+        ] {
+            let err = network(bad, 1, DType::F32).unwrap_err().to_string();
+            assert!(err.contains(bad) && err.contains("multiple of 32"), "{err}");
+        }
+        // Only the convolutional networks are resizable.
+        let err = network("vit-b16-256", 1, DType::F32)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown network"), "{err}");
+        assert!(network("resnet50-", 1, DType::F32).is_err());
     }
 
     #[test]

@@ -119,7 +119,7 @@ impl CostModel for ModelCostModel {
             .map(|f| f.as_ref().map_or(&[][..], |f| &f.tokens[..]))
             .collect();
         self.model
-            .predict(&tokens)
+            .predict_ranking(&tokens)
             .into_iter()
             .map(|s| s as f64)
             .collect()

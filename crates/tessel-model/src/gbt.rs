@@ -61,6 +61,38 @@ impl Gbt {
     }
 }
 
+impl Gbt {
+    /// The columns each row must have.
+    pub fn columns(&self) -> usize {
+        self.columns
+    }
+
+    /// The booster as forust's JSON, with the row width it was fitted on.
+    pub fn to_json(&self) -> Result<serde_json::Value, ModelError> {
+        let booster = self
+            .booster
+            .json_dump()
+            .map_err(|e| ModelError::Data(format!("gradient-boosted trees: {e}")))?;
+        let booster: serde_json::Value = serde_json::from_str(&booster)
+            .map_err(|e| ModelError::Data(format!("gradient-boosted trees: {e}")))?;
+        Ok(serde_json::json!({ "columns": self.columns, "booster": booster }))
+    }
+
+    /// Reads what [`Gbt::to_json`] wrote; the error says what is wrong with it.
+    pub fn from_json(value: &serde_json::Value) -> Result<Gbt, String> {
+        let columns = value
+            .get("columns")
+            .and_then(serde_json::Value::as_u64)
+            .and_then(|c| usize::try_from(c).ok())
+            .filter(|&c| c > 0)
+            .ok_or("trees: `columns` is missing or not a positive integer")?;
+        let booster = value.get("booster").ok_or("trees: `booster` is missing")?;
+        let booster = GradientBooster::from_json(&booster.to_string())
+            .map_err(|e| format!("trees: not a forust booster ({e})"))?;
+        Ok(Gbt { booster, columns })
+    }
+}
+
 /// forust's matrices are column-major; short rows are padded with zeros.
 fn column_major(x: &[Vec<f64>], columns: usize) -> Vec<f64> {
     let mut data = vec![0.0; x.len() * columns];

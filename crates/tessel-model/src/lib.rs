@@ -35,6 +35,7 @@
 //! ```
 
 pub mod cost;
+pub mod ensemble;
 pub mod fused;
 pub mod gbt;
 pub mod metrics;
@@ -49,6 +50,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 pub use cost::{ModelCostModel, RooflineCostModel};
+pub use ensemble::Companions;
 pub use metrics::{Metrics, Ranked};
 pub use net::ModelConfig;
 pub use train::{EpochReport, Loss, TrainOptions, TrainReport, Trainable, train};
@@ -264,6 +266,9 @@ pub struct ModelInfo {
 pub struct Model {
     pub info: ModelInfo,
     pub params: net::Params,
+    /// The trees and ridge fitted beside the network (`ensemble`), when it ships with them:
+    /// [`Model::predict_ranking`] adds their scores.
+    pub companions: Option<std::sync::Arc<Companions>>,
     fused: Option<fused::Fused>,
 }
 
@@ -281,6 +286,7 @@ impl Model {
                 provenance: serde_json::Value::Null,
             },
             params,
+            companions: None,
             fused: None,
         })
     }
@@ -297,6 +303,7 @@ impl Model {
         Ok(Model {
             info: self.info.clone(),
             params,
+            companions: self.companions.clone(),
             fused: None,
         })
     }
@@ -311,6 +318,17 @@ impl Model {
             self.fused = Some(fused::Fused::new(&self.params, &self.info.config)?);
         }
         Ok(self.fused.as_ref().expect("just built"))
+    }
+
+    /// The scores a search ranks by: the network's ([`Model::predict`]) plus, where the model
+    /// ships with companions, the trees' and ridge's (`ensemble`). Only scores of one task's
+    /// candidates compare.
+    pub fn predict_ranking(&mut self, programs: &[&[f32]]) -> Vec<f32> {
+        let scores = self.predict(programs);
+        match &self.companions {
+            Some(c) => c.scores(&scores, programs, self.info.config.width),
+            None => scores,
+        }
     }
 
     /// Scores (higher = faster) for programs given as raw (unnormalised) tokens, in parallel.
@@ -388,6 +406,19 @@ impl Model {
             .zip(self.params.vars.iter().map(|v| v.as_tensor().clone()))
             .collect();
         candle_core::safetensors::save(&map, &weights)?;
+        match &self.companions {
+            Some(c) => c.save(path, self.info.config.width)?,
+            // A companion file left from an earlier model would be read with this one.
+            None => {
+                let stale = Companions::path(path);
+                if stale.is_file() {
+                    std::fs::remove_file(&stale).map_err(|source| ModelError::Io {
+                        path: stale,
+                        source,
+                    })?;
+                }
+            }
+        }
         let text = serde_json::to_string_pretty(&self.info).map_err(|e| ModelError::Format {
             path: json.clone(),
             reason: e.to_string(),
@@ -487,6 +518,7 @@ impl Model {
             }
             var.set(&t)?;
         }
+        model.companions = Companions::load(path, info.config.width)?.map(std::sync::Arc::new);
         model.info = info;
         Ok(model)
     }

@@ -231,7 +231,7 @@ pub fn random_baseline(tasks: &[Ranked], rounds: usize, seed: u64) -> Metrics {
 }
 
 /// Ridge regression (closed form, standardised inputs): the simple baseline.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Ridge {
     mean: Vec<f64>,
     scale: Vec<f64>,
@@ -291,6 +291,23 @@ impl Ridge {
             weights,
             bias: y_mean,
         }
+    }
+
+    /// Why a ridge read from a file cannot predict rows of `columns` values, if it cannot.
+    pub fn check(&self, columns: usize) -> Result<(), String> {
+        let lens = [self.mean.len(), self.scale.len(), self.weights.len()];
+        if lens.iter().any(|&l| l != columns) {
+            return Err(format!(
+                "ridge has {lens:?} mean/scale/weight values, the features {columns} columns"
+            ));
+        }
+        let values = self.mean.iter().chain(&self.scale).chain(&self.weights);
+        if !values.chain([&self.bias]).all(|v| v.is_finite())
+            || self.scale.iter().any(|&s| s <= 0.0)
+        {
+            return Err("ridge holds NaN, infinity or a scale that is not positive".into());
+        }
+        Ok(())
     }
 
     pub fn predict(&self, x: &[f64]) -> f64 {

@@ -129,16 +129,22 @@ pub fn split_tasks(n: usize, val_fraction: f64, seed: u64) -> (Vec<usize>, Vec<u
     (t, v)
 }
 
-/// Rankings of every task of `data` by `model`.
+/// Rankings of every task of `data` by `model`'s network.
 pub fn rank(model: &mut Model, data: &Dataset) -> Vec<Ranked> {
-    let scores = model.predict(
-        &data
-            .samples
-            .iter()
-            .map(|s| &s.tokens[..])
-            .collect::<Vec<_>>(),
-    );
+    let scores = model.predict(&sample_tokens(data));
     by_task(data, scores.into_iter().map(f64::from))
+}
+
+/// Rankings of every task of `data` as a search ranks them: the network with the model's
+/// companions where it has them (`ensemble`), the network alone otherwise.
+pub fn rank_ensemble(model: &mut Model, data: &Dataset) -> Vec<Ranked> {
+    let scores = model.predict_ranking(&sample_tokens(data));
+    by_task(data, scores.into_iter().map(f64::from))
+}
+
+/// Every sample's raw tokens, in sample order.
+pub fn sample_tokens(data: &Dataset) -> Vec<&[f32]> {
+    data.samples.iter().map(|s| &s.tokens[..]).collect()
 }
 
 /// Groups per-sample scores (in sample order) into one ranking per task of `data`.

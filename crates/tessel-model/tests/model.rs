@@ -522,3 +522,133 @@ fn the_roofline_cost_model_puts_the_classic_gemm_ahead_of_the_naive_loops() {
     assert!(s.iter().all(|x| x.is_finite()), "{s:?}");
     assert!(s[0] > s[1], "classic {} vs loops {}", s[0], s[1]);
 }
+
+/// A fresh network and the trees and ridge fitted beside it on `train`: the shipped ensemble.
+fn with_companions(train: &Dataset) -> Model {
+    let mut model = Model::new(small_config(), 3).unwrap();
+    let tokens: Vec<&[f32]> = train.samples.iter().map(|s| &s.tokens[..]).collect();
+    let scores = model.predict(&tokens);
+    let companions = tessel_model::Companions::fit(train, &scores, 1).unwrap();
+    model.companions = Some(std::sync::Arc::new(companions));
+    model
+}
+
+#[test]
+fn the_ensemble_ships_beside_the_model_and_ranks_what_the_network_alone_cannot() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("model-ensemble");
+    let (train_set, test_set) = (synthetic(6, 40, 11), synthetic(4, 30, 12));
+    let mut model = with_companions(&train_set);
+    // An untrained network ranks at chance; its trees and ridge learned the synthetic cost.
+    let network = metrics::evaluate(&rank(&mut model, &test_set));
+    let ensemble = metrics::evaluate(&tessel_model::train::rank_ensemble(&mut model, &test_set));
+    assert!(
+        ensemble.pairwise_accuracy > 0.75
+            && ensemble.pairwise_accuracy > network.pairwise_accuracy + 0.15,
+        "ensemble {ensemble:?}, network {network:?}"
+    );
+
+    // Saved and loaded: the same scores, bit for bit.
+    let path = dir.join("m");
+    model.save(&path).unwrap();
+    let ensemble_file = tessel_model::Companions::path(&path);
+    assert_eq!(ensemble_file, dir.join("m.ensemble.json"));
+    let mut loaded = Model::load(&path).unwrap();
+    assert!(loaded.companions.is_some());
+    let tokens: Vec<&[f32]> = test_set.samples.iter().map(|s| &s.tokens[..]).collect();
+    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    assert_eq!(
+        bits(model.predict_ranking(&tokens)),
+        bits(loaded.predict_ranking(&tokens))
+    );
+    // A candidate's score does not depend on the others scored with it.
+    let alone = loaded.predict_ranking(&tokens[..1]);
+    assert_eq!(
+        bits(alone),
+        bits(loaded.predict_ranking(&tokens)[..1].to_vec())
+    );
+
+    // A network saved without companions to the same path removes the old file, which
+    // would otherwise be read with it.
+    let mut plain = loaded.duplicate().unwrap();
+    plain.companions = None;
+    plain.save(&path).unwrap();
+    assert!(!ensemble_file.exists());
+    assert!(Model::load(&path).unwrap().companions.is_none());
+}
+
+#[test]
+fn bad_ensemble_files_are_clear_errors_not_panics() {
+    use proptest::prelude::*;
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("model-ensemble-bad");
+    let train_set = synthetic(3, 20, 5);
+    let model = with_companions(&train_set);
+    model.save(&dir.join("good")).unwrap();
+    let good = std::fs::read_to_string(dir.join("good.ensemble.json")).unwrap();
+    let copy_model = |name: &str| {
+        for ext in ["json", "safetensors"] {
+            std::fs::copy(
+                dir.join(format!("good.{ext}")),
+                dir.join(format!("{name}.{ext}")),
+            )
+            .unwrap();
+        }
+    };
+    copy_model("bad");
+    let load_with = |text: &str| {
+        std::fs::write(dir.join("bad.ensemble.json"), text).unwrap();
+        Model::load(&dir.join("bad"))
+    };
+    for (what, text) in [
+        ("garbage", "{not json".to_string()),
+        (
+            "another format",
+            good.replacen("tessel-ensemble", "tessel-other", 1),
+        ),
+        (
+            "another width",
+            good.replacen("\"width\":8", "\"width\":9", 1),
+        ),
+        (
+            "a zero scale",
+            good.replacen(
+                "\"scales\":{\"model\":",
+                "\"scales\":{\"model\":0,\"was\":",
+                1,
+            ),
+        ),
+    ] {
+        let err = load_with(&text)
+            .err()
+            .unwrap_or_else(|| panic!("{what} loaded"));
+        assert!(matches!(err, ModelError::Format { .. }), "{what}: {err}");
+        assert!(
+            err.to_string().contains("bad.ensemble.json"),
+            "{what}: {err}"
+        );
+    }
+    // Any byte changed or the file cut short: an error naming the file, or a model that
+    // scores without panicking.
+    let tokens: Vec<&[f32]> = train_set.samples.iter().map(|s| &s.tokens[..]).collect();
+    let bytes = good.into_bytes();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(100));
+    runner
+        .run(
+            &(any::<usize>(), any::<u8>(), any::<bool>()),
+            |(at, byte, cut)| {
+                let mut b = bytes.clone();
+                let at = at % b.len();
+                if cut {
+                    b.truncate(at);
+                } else {
+                    b[at] = byte;
+                }
+                std::fs::write(dir.join("bad.ensemble.json"), &b).unwrap();
+                match Model::load(&dir.join("bad")) {
+                    Err(e) => prop_assert!(e.to_string().contains("bad.ensemble.json"), "{e}"),
+                    Ok(mut m) => prop_assert_eq!(m.predict_ranking(&tokens).len(), tokens.len()),
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+}

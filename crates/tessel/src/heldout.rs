@@ -8,8 +8,12 @@
 use std::path::PathBuf;
 
 use serde::Serialize;
-use tessel_model::train::{gbt_rank, rank, ridge_rank, roofline_rank};
-use tessel_model::{Dataset, Loss, Metrics, Model, Ranked, TrainOptions, metrics, train};
+use tessel_model::train::{
+    gbt_rank, rank, rank_ensemble, ridge_rank, roofline_rank, sample_tokens,
+};
+use tessel_model::{
+    Companions, Dataset, Loss, Metrics, Model, Ranked, TrainOptions, metrics, train,
+};
 
 use crate::data::{Encoding, load_encoded, network_tasks};
 use crate::error::{Result, bail};
@@ -87,8 +91,9 @@ pub struct Scores {
     pub gbt: Metrics,
     /// The analytic roofline estimate, fitted on nothing.
     pub roofline: Metrics,
-    /// The model, the trees and ridge together: per task, the mean of their standardised
-    /// scores (`metrics::ensemble`).
+    /// The model as `pretrain` ships it: the network plus trees and ridge fitted on the
+    /// training networks, each divided by its within-task spread on the training records
+    /// (`tessel_model::ensemble`).
     pub ensemble: Metrics,
     /// A random ranking.
     pub random: Metrics,
@@ -201,7 +206,11 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
     progress.note("fitting gradient-boosted trees");
     let gbt = gbt_rank(&train_set, &test_set, o.seed);
     let roofline = roofline_rank(&test_set);
-    let together = metrics::ensemble(&[&ranked, &gbt, &ridge]);
+    progress.note("fitting the ensemble's trees and ridge");
+    let train_scores = model.predict(&sample_tokens(&train_set));
+    let companions = Companions::fit(&train_set, &train_scores, o.seed)?;
+    model.companions = Some(std::sync::Arc::new(companions));
+    let together = rank_ensemble(&mut model, &test_set);
     let (prim_ranked, ablation_best_epoch) = match ablation {
         Some(((mut m, best), prim)) => (Some(rank(&mut m, &prim.subset(&test_ids))), Some(best)),
         None => (None, None),

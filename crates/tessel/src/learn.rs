@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use tessel_features::WIDTH;
 use tessel_model::train::{
-    Comparison, Trainable, compare, gbt_rank, rank, ridge_rank, roofline_rank, split_tasks,
-    transfer_options,
+    Comparison, Trainable, compare, gbt_rank, rank, rank_ensemble, ridge_rank, roofline_rank,
+    sample_tokens, split_tasks, transfer_options,
 };
 use tessel_model::{
-    Dataset, Loss, Metrics, Model, ModelConfig, Ranked, Sample, TrainOptions, TrainReport, metrics,
-    train,
+    Companions, Dataset, Loss, Metrics, Model, ModelConfig, Ranked, Sample, TrainOptions,
+    TrainReport, metrics, train,
 };
 use tessel_search::rng::Rng;
 
@@ -62,6 +62,11 @@ pub struct PretrainOptions {
     /// adds time; `eval --fastest-run` ranks by the same).
     #[cfg_attr(feature = "clap", arg(long))]
     pub fastest_run: bool,
+    /// Save the network alone, without the gradient-boosted trees and ridge regression that
+    /// are otherwise fitted on the same training tasks and added to its score
+    /// (`NAME.ensemble.json`; `tune` and `eval` use them).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub no_ensemble: bool,
 }
 
 /// The attention network's shape, for the commands that train a new model.
@@ -122,6 +127,7 @@ impl PretrainOptions {
             architecture: Architecture::default(),
             force: false,
             fastest_run: false,
+            no_ensemble: false,
         }
     }
 }
@@ -141,8 +147,13 @@ pub struct PretrainReport {
     pub validation: Option<Comparison>,
     /// Validation tasks.
     pub validation_tasks: usize,
+    /// The ensemble that ships (the network, the trees and ridge fitted on the training
+    /// tasks) on the same validation tasks; `None` with `--no-ensemble`.
+    pub validation_ensemble: Option<Metrics>,
     /// The files written.
     pub saved: (PathBuf, PathBuf),
+    /// The ensemble's file, when one was fitted.
+    pub saved_ensemble: Option<PathBuf>,
 }
 
 /// Trains a model on measured records and saves it.
@@ -197,6 +208,20 @@ pub fn pretrain(o: &PretrainOptions, progress: &mut dyn Progress) -> Result<Pret
             o.seed,
         )
     });
+    let mut validation_ensemble = None;
+    if !o.no_ensemble {
+        // Fitted on the network's training tasks only, so validation stays unseen.
+        progress.note("fitting the ensemble's gradient-boosted trees and ridge");
+        let train_set = data.subset(&train_ids);
+        let scores = model.predict(&sample_tokens(&train_set));
+        let companions = Companions::fit(&train_set, &scores, o.seed)?;
+        model.companions = Some(std::sync::Arc::new(companions));
+        if !val_ids.is_empty() {
+            let val_set = data.subset(&val_ids);
+            let ranked = rank_ensemble(&mut model, &val_set);
+            validation_ensemble = Some(metrics::evaluate(&ranked));
+        }
+    }
     model.info.provenance = serde_json::json!({
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "data": o.data.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
@@ -214,7 +239,9 @@ pub fn pretrain(o: &PretrainOptions, progress: &mut dyn Progress) -> Result<Pret
         training,
         validation,
         validation_tasks: val_ids.len(),
+        validation_ensemble,
         saved: Model::paths(&o.out),
+        saved_ensemble: model.companions.is_some().then(|| Companions::path(&o.out)),
     })
 }
 
@@ -350,6 +377,9 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
         "scratch" => (scratch_model, scratch),
         _ => (model, before),
     };
+    // The pretrained model's trees and ridge were fitted on the other platform's records and
+    // were not part of the choice above: the transferred model ships as its network alone.
+    saved_model.companions = None;
     saved_model.info.provenance = serde_json::json!({
         "transferred_from": o.model.display().to_string(),
         "data": o.data.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
@@ -456,7 +486,7 @@ fn check_training(epochs: usize, lr: f64) -> Result<()> {
 /// Model files are never overwritten unless asked.
 fn refuse_overwrite(out: &Path, force: bool) -> Result<()> {
     let (weights, json) = Model::paths(out);
-    for p in [&weights, &json] {
+    for p in [&weights, &json, &Companions::path(out)] {
         if p.exists() && !force {
             bail!(
                 "{} exists; choose another --out or pass --force to overwrite it",
@@ -546,8 +576,12 @@ pub struct EvalReport {
     pub roofline: Metrics,
     /// A random ranking.
     pub random: Metrics,
-    /// Each task's top-1 pick beside its best, with its share of what the top-1 score
-    /// loses: the score weighs tasks by latency, so a few heavy tasks decide it.
+    /// The model as `tune` ranks with it: the network plus the trees and ridge it ships with
+    /// (`NAME.ensemble.json`, fitted on its training tasks); `None` for a network alone.
+    pub ensemble: Option<Metrics>,
+    /// Each task's top-1 pick (by the ensemble where there is one) beside its best, with its
+    /// share of what the top-1 score loses: the score weighs tasks by latency, so a few heavy
+    /// tasks decide it.
     pub task_picks: Vec<TaskPick>,
     /// Where the plots went, and why there is no PNG where there is none.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -603,6 +637,10 @@ pub fn eval(o: &EvalOptions, progress: &mut dyn Progress) -> Result<EvalReport> 
     let ridge_ranked = cross(&|tr, te| ridge_rank(tr, te));
     let gbt_ranked = cross(&|tr, te| gbt_rank(tr, te, o.seed));
     let model_metrics = metrics::evaluate(&ranked);
+    let ensemble_ranked = model
+        .companions
+        .is_some()
+        .then(|| rank_ensemble(&mut model, &data));
     let plots = match &o.plot {
         Some(dir) => Some((
             dir.clone(),
@@ -622,7 +660,8 @@ pub fn eval(o: &EvalOptions, progress: &mut dyn Progress) -> Result<EvalReport> 
         gbt: metrics::evaluate(&gbt_ranked),
         roofline: metrics::evaluate(&roofline_rank(&data)),
         random: metrics::random_baseline(&ranked, 20, o.seed),
-        task_picks: task_picks(&data, &ranked),
+        ensemble: ensemble_ranked.as_deref().map(metrics::evaluate),
+        task_picks: task_picks(&data, ensemble_ranked.as_deref().unwrap_or(&ranked)),
         plots,
     })
 }

@@ -106,6 +106,12 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
         saved.config().prior,
         "the prior flag is saved with the model"
     );
+    // The trees and ridge of the ensemble, fitted on the training tasks, ship beside it.
+    assert_eq!(
+        trained.saved_ensemble.as_deref(),
+        Some(dir.join("m/model.ensemble.json").as_path())
+    );
+    assert!(saved.companions.is_some() && trained.validation_ensemble.is_some());
 
     let eval = tessel::eval(
         &EvalOptions {
@@ -127,6 +133,7 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
         assert!((-1.0..=1.0).contains(&v), "{eval:?}");
     }
     assert!(eval.top5 >= eval.top1);
+    assert!(eval.ensemble.is_some_and(|e| e.top5 >= e.top1), "{eval:?}");
     let svg = std::fs::read_to_string(dir.join("plots/top_k.svg")).unwrap();
     assert!(svg.starts_with("<svg"));
 
@@ -148,6 +155,8 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
     assert_eq!(transfer.shots, 6);
     assert_eq!(transfer.test_tasks, 1);
     assert!(transfer.saved.0.exists());
+    // The pretraining platform's trees are not carried to the new one.
+    assert!(!dir.join("m/tuned.ensemble.json").exists());
     // The shots come from one task: nothing to validate a fine-tuning on, so the pretrained
     // weights are what is saved.
     assert!(transfer.validation.is_none());

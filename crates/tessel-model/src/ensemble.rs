@@ -1,0 +1,235 @@
+//! The ensemble that ships with a model: gradient-boosted trees and ridge regression fitted
+//! on the model's own training records, added to the network's score.
+//!
+//! The held-out protocol found the three together rank better than any one of them (the
+//! network orders pairs, the trees and ridge catch what pooled features say plainly). A
+//! ranking only compares candidates of one task, so each part's score is divided by how much
+//! it spreads within a task on the training records (the mean over tasks of its standard
+//! deviation) and the three are summed: fixed scales, so a candidate's score never depends
+//! on which others it is scored with. The companions live in `NAME.ensemble.json` beside
+//! `NAME.json` and `NAME.safetensors`; [`crate::Model::load`] reads them when the file is
+//! there, and [`crate::Model::predict_ranking`] uses them.
+
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::gbt::Gbt;
+use crate::metrics::{Ridge, pooled};
+use crate::{Dataset, ModelError};
+
+/// The trees and ridge fitted beside a model, and the scales that weigh the three.
+pub struct Companions {
+    pub trees: Gbt,
+    pub ridge: Ridge,
+    /// Within-task spread of the network's, the trees' and ridge's scores on the training
+    /// records: each part is divided by its own before they are summed.
+    pub scales: Scales,
+    /// Records and tasks they were fitted on.
+    pub records: usize,
+    pub tasks: usize,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Scales {
+    pub model: f64,
+    pub trees: f64,
+    pub ridge: f64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct File {
+    format: String,
+    width: usize,
+    scales: Scales,
+    records: usize,
+    tasks: usize,
+    ridge: Ridge,
+    trees: serde_json::Value,
+}
+
+const FORMAT: &str = "tessel-ensemble";
+
+impl Companions {
+    /// Fits the trees and ridge on `data` (log relative throughput from pooled features) and
+    /// the scales from their scores and the network's (`model_scores`, one per sample).
+    pub fn fit(data: &Dataset, model_scores: &[f32], seed: u64) -> Result<Companions, ModelError> {
+        if model_scores.len() != data.samples.len() {
+            return Err(ModelError::Data(format!(
+                "{} model scores for {} records",
+                model_scores.len(),
+                data.samples.len()
+            )));
+        }
+        let rows: Vec<Vec<f64>> = data
+            .samples
+            .iter()
+            .map(|s| pooled(&s.tokens, data.width))
+            .collect();
+        let labels: Vec<f64> = (0..data.samples.len())
+            .map(|i| data.label(i).ln())
+            .collect();
+        let trees = Gbt::fit(&rows, &labels, seed)?;
+        let ridge = Ridge::fit(&rows, &labels, 1.0);
+        let tree_scores = trees.predict(&rows);
+        let ridge_scores: Vec<f64> = rows.iter().map(|r| ridge.predict(r)).collect();
+        let model_scores: Vec<f64> = model_scores.iter().map(|&s| s as f64).collect();
+        let scales = Scales {
+            model: within_task_spread(data, &model_scores),
+            trees: within_task_spread(data, &tree_scores),
+            ridge: within_task_spread(data, &ridge_scores),
+        };
+        Ok(Companions {
+            trees,
+            ridge,
+            scales,
+            records: data.samples.len(),
+            tasks: data.tasks.len(),
+        })
+    }
+
+    /// The ensemble's score of one program: `model_score` (the network's) and its raw tokens.
+    pub fn score(&self, model_score: f32, tokens: &[f32], width: usize) -> f32 {
+        self.scores(&[model_score], &[tokens], width)[0]
+    }
+
+    /// Ensemble scores for programs given by the network's scores and their raw tokens.
+    /// Programs the network could not score (`f32::MIN`) keep that score.
+    pub fn scores(&self, model_scores: &[f32], tokens: &[&[f32]], width: usize) -> Vec<f32> {
+        let rows: Vec<Vec<f64>> = tokens.par_iter().map(|t| pooled(t, width)).collect();
+        let trees = self.trees.predict(&rows);
+        model_scores
+            .par_iter()
+            .zip(&rows)
+            .zip(trees)
+            .map(|((&m, row), t)| {
+                if m == f32::MIN {
+                    return m;
+                }
+                let s = m as f64 / self.scales.model
+                    + t / self.scales.trees
+                    + self.ridge.predict(row) / self.scales.ridge;
+                if s.is_finite() { s as f32 } else { f32::MIN }
+            })
+            .collect()
+    }
+
+    /// Where the companions of the model at `path` live (`m/model` -> `m/model.ensemble.json`).
+    pub fn path(model_path: &Path) -> PathBuf {
+        let (weights, _) = crate::Model::paths(model_path);
+        weights.with_extension("ensemble.json")
+    }
+
+    pub fn save(&self, model_path: &Path, width: usize) -> Result<(), ModelError> {
+        let path = Companions::path(model_path);
+        let file = File {
+            format: FORMAT.into(),
+            width,
+            scales: self.scales,
+            records: self.records,
+            tasks: self.tasks,
+            ridge: self.ridge.clone(),
+            trees: self.trees.to_json()?,
+        };
+        let text = serde_json::to_string(&file).map_err(|e| ModelError::Format {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        std::fs::write(&path, text).map_err(|source| ModelError::Io { path, source })
+    }
+
+    /// Reads the companions of the model at `model_path` for features of `width` columns:
+    /// `Ok(None)` when there is no such file, an error naming the file when it is not one.
+    pub fn load(model_path: &Path, width: usize) -> Result<Option<Companions>, ModelError> {
+        let path = Companions::path(model_path);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let format = |reason: String| ModelError::Format {
+            path: path.clone(),
+            reason,
+        };
+        if !path.is_file() {
+            return Err(format("not a regular file".into()));
+        }
+        let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let file: File = serde_json::from_str(&text).map_err(|e| format(e.to_string()))?;
+        if file.format != FORMAT {
+            return Err(format(format!(
+                "format is `{}`, not `{FORMAT}`",
+                file.format
+            )));
+        }
+        if file.width != width {
+            return Err(format(format!(
+                "fitted on features of {} columns, the model takes {width}",
+                file.width
+            )));
+        }
+        let columns = 2 * width;
+        file.ridge.check(columns).map_err(format)?;
+        let trees = Gbt::from_json(&file.trees).map_err(format)?;
+        if trees.columns() != columns {
+            return Err(format(format!(
+                "trees take {} columns, the pooled features have {columns}",
+                trees.columns()
+            )));
+        }
+        let s = file.scales;
+        if ![s.model, s.trees, s.ridge]
+            .iter()
+            .all(|v| v.is_finite() && *v > 0.0)
+        {
+            return Err(format(format!("scales {s:?} must be positive numbers")));
+        }
+        // A booster that parses but cannot predict (a tree pointing past its nodes) must fail
+        // here, not in the middle of a search.
+        let probe = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            trees.predict(&[vec![0.0; columns]])
+        }));
+        match probe {
+            Ok(v) if v.len() == 1 && v[0].is_finite() => {}
+            _ => return Err(format("trees do not predict a finite score".into())),
+        }
+        Ok(Some(Companions {
+            trees,
+            ridge: file.ridge,
+            scales: s,
+            records: file.records,
+            tasks: file.tasks,
+        }))
+    }
+}
+
+/// The mean over tasks (of two or more samples) of the standard deviation of `scores` within
+/// the task; 1 where there is no spread to measure.
+fn within_task_spread(data: &Dataset, scores: &[f64]) -> f64 {
+    let mut sum = 0.0;
+    let mut n = 0usize;
+    for group in data.by_task() {
+        let v: Vec<f64> = group
+            .iter()
+            .map(|&i| scores[i])
+            .filter(|s| s.is_finite())
+            .collect();
+        if v.len() < 2 {
+            continue;
+        }
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / v.len() as f64;
+        if var.is_finite() {
+            sum += var.sqrt();
+            n += 1;
+        }
+    }
+    let spread = if n > 0 { sum / n as f64 } else { 1.0 };
+    if spread.is_finite() && spread > 1e-12 {
+        spread
+    } else {
+        1.0
+    }
+}
