@@ -1,7 +1,7 @@
 //! Records as training data: reading dataset files strictly, selecting networks, and turning
 //! records into featurised samples.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use tessel_features::{PRIMITIVE_WIDTH, Target, WIDTH, extract, primitive_tokens};
@@ -163,9 +163,28 @@ pub fn load_labeled(
     label: Label,
     progress: &mut dyn Progress,
 ) -> Result<Dataset> {
-    load_encoded_labeled(files, only, &[Encoding::Allocation], label, progress)?
-        .pop()
-        .context("no dataset")
+    Ok(load_labeled_instructions(files, only, label, progress)?.0)
+}
+
+/// [`load_labeled`], and the instructions (ids of the records' mappings) its samples ran on.
+pub fn load_labeled_instructions(
+    files: &[PathBuf],
+    only: Option<&HashSet<String>>,
+    label: Label,
+    progress: &mut dyn Progress,
+) -> Result<(Dataset, BTreeSet<String>)> {
+    let mut instructions = BTreeSet::new();
+    let data = load_encoded_labeled(
+        files,
+        only,
+        &[Encoding::Allocation],
+        label,
+        Some(&mut instructions),
+        progress,
+    )?
+    .pop()
+    .context("no dataset")?;
+    Ok((data, instructions))
 }
 
 /// The same records and tasks, in the same order, under each encoding.
@@ -175,7 +194,7 @@ pub fn load_encoded(
     encodings: &[Encoding],
     progress: &mut dyn Progress,
 ) -> Result<Vec<Dataset>> {
-    load_encoded_labeled(files, only, encodings, Label::Median, progress)
+    load_encoded_labeled(files, only, encodings, Label::Median, None, progress)
 }
 
 fn load_encoded_labeled(
@@ -183,6 +202,7 @@ fn load_encoded_labeled(
     only: Option<&HashSet<String>>,
     encodings: &[Encoding],
     label: Label,
+    mut instructions: Option<&mut BTreeSet<String>>,
     progress: &mut dyn Progress,
 ) -> Result<Vec<Dataset>> {
     let catalog = Catalog::default();
@@ -220,6 +240,14 @@ fn load_encoded_labeled(
         }
         let n = tasks.len();
         let task = *tasks.entry(key).or_insert(n);
+        if let (Some(set), Some(id)) = (
+            instructions.as_deref_mut(),
+            crate::target::instruction_of(r.mapping.as_deref()),
+        ) {
+            if !set.contains(id) {
+                set.insert(id.to_string());
+            }
+        }
         for (e, out) in encodings.iter().zip(samples.iter_mut()) {
             let tokens = match e {
                 Encoding::Allocation => {

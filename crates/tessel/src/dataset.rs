@@ -376,7 +376,7 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
     let workloads = dataset_workloads(o, types)?;
     let existing = read_log_noting(&o.out, progress)?;
     let fp = measurer.fingerprint().clone();
-    let mut model = search_model(o, &fp, progress)?;
+    let mut model = search_model(o, &fp, &set, progress)?;
     let search_model_name = model.name();
     let mut log = Some(RecordLog::open(&o.out)?);
     let mut canary = Canary::new(&o.out, types, &set)?;
@@ -577,11 +577,13 @@ pub fn dataset(o: &DatasetOptions, progress: &mut dyn Progress) -> Result<Datase
     })
 }
 
-/// The cost model that ranks a dataset's search rounds: the shipped model on CPU targets,
-/// else the random ranking.
+/// The cost model that ranks a dataset's search rounds: the shipped model on CPU targets
+/// (the roofline where the platform's instructions are none the model was trained on), else
+/// the random ranking.
 fn search_model(
     o: &DatasetOptions,
     fp: &tessel_measure::HardwareFingerprint,
+    set: &InstructionSet,
     progress: &mut dyn Progress,
 ) -> Result<Box<dyn CostModel>> {
     if o.search_share > 0.0
@@ -589,6 +591,17 @@ fn search_model(
         && let Some((path, m)) = crate::tune::shipped_model(progress)
     {
         let features = tessel_features::Target::from_fingerprint(fp)?;
+        let platform: std::collections::BTreeSet<String> = match set {
+            InstructionSet::Only(ids) => ids.iter().cloned().collect(),
+            _ => Default::default(),
+        };
+        if let crate::tune::Familiarity::Unseen(ids) = crate::tune::Familiarity::of(&m, &platform) {
+            progress.note(&format!(
+                "note: the shipped model was trained on none of {}; search rounds rank by the roofline",
+                ids.join(", ")
+            ));
+            return Ok(Box::new(tessel_model::RooflineCostModel::new(features)));
+        }
         let online = tessel_model::cost::OnlineOptions {
             seed: o.seed,
             ..Default::default()

@@ -15,7 +15,9 @@ use tessel_model::{
 };
 use tessel_search::rng::Rng;
 
-use crate::data::{Label, load, load_labeled, network_filter, network_filter_except};
+use crate::data::{
+    Label, load, load_labeled, load_labeled_instructions, network_filter, network_filter_except,
+};
 use crate::error::{Context, Result, bail};
 use crate::progress::Progress;
 use crate::tune::fixtures_dir;
@@ -168,7 +170,7 @@ pub fn pretrain(o: &PretrainOptions, progress: &mut dyn Progress) -> Result<Pret
     refuse_overwrite(&o.out, o.force)?;
     let only = network_filter_except(&o.networks, &o.exclude_networks)?;
     let label = Label::fastest_if(o.fastest_run);
-    let data = load_labeled(&o.data, only.as_ref(), label, progress)?;
+    let (data, instructions) = load_labeled_instructions(&o.data, only.as_ref(), label, progress)?;
     let mut model = Model::new(o.architecture.config(WIDTH), o.seed)?;
     let opts = TrainOptions {
         loss: o.loss,
@@ -227,6 +229,8 @@ pub fn pretrain(o: &PretrainOptions, progress: &mut dyn Progress) -> Result<Pret
         "data": o.data.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
         "records": data.samples.len(),
         "tasks": data.tasks.len(),
+        // What `tune` checks before ranking candidates of other instructions with it.
+        "instructions": instructions,
         "options": opts,
         "best_epoch": training.best_epoch,
         "epochs": training.epochs,

@@ -1,6 +1,7 @@
 //! `tune`: searches for the fastest schedule of a workload or of every task of a network, and
 //! `best`: the fastest record per workload of a log, and its code.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Instant;
@@ -380,9 +381,38 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
             target.label()
         ));
     }
+    let mapped: BTreeSet<String> = tasks
+        .iter()
+        .flat_map(|t| {
+            t.space()
+                .mappings()
+                .iter()
+                .map(|m| m.intrinsic.id.to_string())
+        })
+        .collect();
+    let (learned, roofline) = match learned {
+        Some((path, m)) => match Familiarity::of(&m, &mapped) {
+            Familiarity::Unseen(ids) if opts.model == ModelChoice::Shipped => {
+                progress.note(&format!(
+                    "note: the shipped model was trained on none of {}; ranking by the roofline instead (`--model fixtures/models/cpu` uses the model anyway)",
+                    ids.join(", ")
+                ));
+                (None, true)
+            }
+            Familiarity::Unseen(ids) | Familiarity::Partly(ids) => {
+                progress.note(&format!(
+                    "note: {path} was never trained on {}: its ranking of those candidates may be no better than chance (`--model roofline` ranks by the analytic estimate)",
+                    ids.join(", ")
+                ));
+                (Some((path, m)), false)
+            }
+            Familiarity::Seen => (Some((path, m)), false),
+        },
+        None => (None, opts.model == ModelChoice::Roofline),
+    };
     let fingerprint = target.fingerprint();
     let mut model: Box<dyn CostModel> = match learned {
-        None if opts.model == ModelChoice::Roofline => {
+        None if roofline => {
             if opts.target != TargetSpec::Cpu {
                 bail!(
                     "--model roofline ranks CPU candidates; {} is not a CPU target",
@@ -635,6 +665,44 @@ pub fn fixtures_dir() -> PathBuf {
 
 /// The pretrained model in `fixtures/models/` (see fixtures/README.md), if present and of
 /// this feature schema; otherwise the random cost model is used, with a note.
+/// Whether a learned model was trained on the instructions of the candidates it is to rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Familiarity {
+    /// On all of them, or the model does not say (models written before `pretrain` listed
+    /// its instructions in the provenance).
+    Seen,
+    /// On some: these it never saw.
+    Partly(Vec<String>),
+    /// On none of these.
+    Unseen(Vec<String>),
+}
+
+impl Familiarity {
+    pub(crate) fn of(model: &tessel_model::Model, mapped: &BTreeSet<String>) -> Familiarity {
+        let Some(list) = model
+            .info
+            .provenance
+            .get("instructions")
+            .and_then(|v| v.as_array())
+        else {
+            return Familiarity::Seen;
+        };
+        let seen: BTreeSet<&str> = list.iter().filter_map(|v| v.as_str()).collect();
+        let unseen: Vec<String> = mapped
+            .iter()
+            .filter(|id| !seen.contains(id.as_str()))
+            .cloned()
+            .collect();
+        if unseen.is_empty() {
+            Familiarity::Seen
+        } else if unseen.len() == mapped.len() {
+            Familiarity::Unseen(unseen)
+        } else {
+            Familiarity::Partly(unseen)
+        }
+    }
+}
+
 pub(crate) fn shipped_model(progress: &mut dyn Progress) -> Option<(String, tessel_model::Model)> {
     let path = fixtures_dir().join("models/cpu.safetensors");
     if !path.exists() {
@@ -743,6 +811,33 @@ pub fn emit(record: &TuningRecord, what: Emit) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_model_is_familiar_with_the_instructions_its_provenance_lists() {
+        let mut model =
+            tessel_model::Model::new(tessel_model::ModelConfig::new(tessel_features::WIDTH), 1)
+                .unwrap();
+        let ids = |v: &[&str]| -> BTreeSet<String> { v.iter().map(|s| s.to_string()).collect() };
+        // An older model says nothing: trusted, as before.
+        let amx = ids(&["amx.tdpbf16ps", "amx.tdpbusd"]);
+        assert_eq!(Familiarity::of(&model, &amx), Familiarity::Seen);
+        model.info.provenance =
+            serde_json::json!({"instructions": ["avx2.vfmadd231ps", "amx.tdpbf16ps"]});
+        assert_eq!(
+            Familiarity::of(&model, &ids(&["avx2.vfmadd231ps"])),
+            Familiarity::Seen
+        );
+        assert_eq!(
+            Familiarity::of(&model, &amx),
+            Familiarity::Partly(vec!["amx.tdpbusd".into()])
+        );
+        assert_eq!(
+            Familiarity::of(&model, &ids(&["avx512.vpdpbusd"])),
+            Familiarity::Unseen(vec!["avx512.vpdpbusd".into()])
+        );
+        // Compiled loops alone map no instruction: nothing to be unfamiliar with.
+        assert_eq!(Familiarity::of(&model, &BTreeSet::new()), Familiarity::Seen);
+    }
 
     fn report(found: bool) -> TuneReport {
         TuneReport {

@@ -112,6 +112,12 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
         Some(dir.join("m/model.ensemble.json").as_path())
     );
     assert!(saved.companions.is_some() && trained.validation_ensemble.is_some());
+    // The instructions it was trained on, which `tune` checks before trusting it.
+    assert!(
+        saved.info.provenance["instructions"].is_array(),
+        "{}",
+        saved.info.provenance
+    );
 
     let eval = tessel::eval(
         &EvalOptions {
