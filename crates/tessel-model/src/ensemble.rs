@@ -74,7 +74,11 @@ impl Companions {
         let ridge = Ridge::fit(&rows, &labels, 1.0);
         let tree_scores = trees.predict(&rows);
         let ridge_scores: Vec<f64> = rows.iter().map(|r| ridge.predict(r)).collect();
-        let model_scores: Vec<f64> = model_scores.iter().map(|&s| s as f64).collect();
+        // A program the network could not score (`f32::MIN`) says nothing about its spread.
+        let model_scores: Vec<f64> = model_scores
+            .iter()
+            .map(|&s| if s == f32::MIN { f64::NAN } else { s as f64 })
+            .collect();
         let scales = Scales {
             model: within_task_spread(data, &model_scores),
             trees: within_task_spread(data, &tree_scores),
