@@ -663,8 +663,6 @@ pub fn fixtures_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
 }
 
-/// The pretrained model in `fixtures/models/` (see fixtures/README.md), if present and of
-/// this feature schema; otherwise the random cost model is used, with a note.
 /// Whether a learned model was trained on the instructions of the candidates it is to rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Familiarity {
@@ -703,6 +701,8 @@ impl Familiarity {
     }
 }
 
+/// The pretrained model in `fixtures/models/` (see fixtures/README.md), if present and of
+/// this feature schema; otherwise the random cost model is used, with a note.
 pub(crate) fn shipped_model(progress: &mut dyn Progress) -> Option<(String, tessel_model::Model)> {
     let path = fixtures_dir().join("models/cpu.safetensors");
     if !path.exists() {

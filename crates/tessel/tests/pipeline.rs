@@ -800,3 +800,33 @@ fn search_eval_refuses_settings_that_cannot_compare_and_names_them() {
         "a refused evaluation creates nothing"
     );
 }
+
+#[test]
+fn tune_says_when_its_model_never_saw_the_instructions_it_ranks() {
+    let dir = fresh_dir("lib-tune-unfamiliar");
+    let mut model =
+        tessel::model::Model::new(tessel::model::ModelConfig::new(tessel::features::WIDTH), 1)
+            .unwrap();
+    // A model whose records all ran on an instruction this gemm never maps to.
+    model.info.provenance = serde_json::json!({"instructions": ["amx.tdpbf16ps"]});
+    model.save(&dir.join("m")).unwrap();
+    let opts = TuneOptions {
+        trials: 4,
+        measure_batch: 4,
+        population: 16,
+        model: ModelChoice::File(dir.join("m")),
+        worker_exe: worker(),
+        ..TuneOptions::workload("gemm:m=32,n=32,k=32,dtype=f32".parse().unwrap())
+    };
+    let mut notes = Notes::default();
+    let report = tessel::tune(&opts, &mut notes).unwrap();
+    assert_eq!(report.trials, 4);
+    // A model the user named is used, with a note; only the shipped one gives way.
+    assert!(
+        notes
+            .0
+            .iter()
+            .any(|n| n.contains("was never trained on") && n.contains("--model roofline")),
+        "{notes:?}"
+    );
+}
