@@ -6,11 +6,17 @@
 //! ranking only compares candidates of one task, so each part's score is divided by how much
 //! it spreads within a task on the training records (the mean over tasks of its standard
 //! deviation) and the three are summed: fixed scales, so a candidate's score never depends
-//! on which others it is scored with. The companions live in `NAME.ensemble.json` beside
-//! `NAME.json` and `NAME.safetensors`; [`crate::Model::load`] reads them when the file is
+//! on which others it is scored with. The companions live in `NAME.ensemble.json.gz` (JSON,
+//! gzip-compressed: 200 trees are megabytes of text) beside `NAME.json` and
+//! `NAME.safetensors`; [`crate::Model::load`] reads them when the file is
 //! there, and [`crate::Model::predict_ranking`] uses them.
 
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+
+use flate2::Compression;
+use flate2::read::GzDecoder;
+use flate2::write::GzEncoder;
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -50,6 +56,9 @@ struct File {
 }
 
 const FORMAT: &str = "tessel-ensemble";
+
+/// The most a companion file may inflate to (the shipped one is under 5 MB).
+const MAX_INFLATED: u64 = 256 << 20;
 
 impl Companions {
     /// Fits the trees and ridge on `data` (log relative throughput from pooled features) and
@@ -119,10 +128,11 @@ impl Companions {
             .collect()
     }
 
-    /// Where the companions of the model at `path` live (`m/model` -> `m/model.ensemble.json`).
+    /// Where the companions of the model at `path` live (`m/model` ->
+    /// `m/model.ensemble.json.gz`).
     pub fn path(model_path: &Path) -> PathBuf {
         let (weights, _) = crate::Model::paths(model_path);
-        weights.with_extension("ensemble.json")
+        weights.with_extension("ensemble.json.gz")
     }
 
     pub fn save(&self, model_path: &Path, width: usize) -> Result<(), ModelError> {
@@ -136,11 +146,15 @@ impl Companions {
             ridge: self.ridge.clone(),
             trees: self.trees.to_json()?,
         };
-        let text = serde_json::to_string(&file).map_err(|e| ModelError::Format {
+        let text = serde_json::to_vec(&file).map_err(|e| ModelError::Format {
             path: path.clone(),
             reason: e.to_string(),
         })?;
-        std::fs::write(&path, text).map_err(|source| ModelError::Io { path, source })
+        let mut gz = GzEncoder::new(Vec::new(), Compression::best());
+        gz.write_all(&text)
+            .and_then(|()| gz.finish())
+            .and_then(|bytes| std::fs::write(&path, bytes))
+            .map_err(|source| ModelError::Io { path, source })
     }
 
     /// Reads the companions of the model at `model_path` for features of `width` columns:
@@ -157,11 +171,20 @@ impl Companions {
         if !path.is_file() {
             return Err(format("not a regular file".into()));
         }
-        let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io {
+        let bytes = std::fs::read(&path).map_err(|source| ModelError::Io {
             path: path.clone(),
             source,
         })?;
-        let file: File = serde_json::from_str(&text).map_err(|e| format(e.to_string()))?;
+        // A bounded read: a small file that inflates without end is not a model.
+        let mut text = Vec::new();
+        GzDecoder::new(&bytes[..])
+            .take(MAX_INFLATED)
+            .read_to_end(&mut text)
+            .map_err(|e| format(format!("not gzip-compressed JSON ({e})")))?;
+        if text.len() as u64 >= MAX_INFLATED {
+            return Err(format(format!("inflates past {MAX_INFLATED} bytes")));
+        }
+        let file: File = serde_json::from_slice(&text).map_err(|e| format(e.to_string()))?;
         if file.format != FORMAT {
             return Err(format(format!(
                 "format is `{}`, not `{FORMAT}`",

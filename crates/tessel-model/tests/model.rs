@@ -551,7 +551,7 @@ fn the_ensemble_ships_beside_the_model_and_ranks_what_the_network_alone_cannot()
     let path = dir.join("m");
     model.save(&path).unwrap();
     let ensemble_file = tessel_model::Companions::path(&path);
-    assert_eq!(ensemble_file, dir.join("m.ensemble.json"));
+    assert_eq!(ensemble_file, dir.join("m.ensemble.json.gz"));
     let mut loaded = Model::load(&path).unwrap();
     assert!(loaded.companions.is_some());
     let tokens: Vec<&[f32]> = test_set.samples.iter().map(|s| &s.tokens[..]).collect();
@@ -583,7 +583,15 @@ fn bad_ensemble_files_are_clear_errors_not_panics() {
     let train_set = synthetic(3, 20, 5);
     let model = with_companions(&train_set);
     model.save(&dir.join("good")).unwrap();
-    let good = std::fs::read_to_string(dir.join("good.ensemble.json")).unwrap();
+    let gzip = |text: &[u8]| {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, text).unwrap();
+        gz.finish().unwrap()
+    };
+    let packed = std::fs::read(dir.join("good.ensemble.json.gz")).unwrap();
+    let mut good = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&packed[..]), &mut good)
+        .unwrap();
     let copy_model = |name: &str| {
         for ext in ["json", "safetensors"] {
             std::fs::copy(
@@ -595,7 +603,7 @@ fn bad_ensemble_files_are_clear_errors_not_panics() {
     };
     copy_model("bad");
     let load_with = |text: &str| {
-        std::fs::write(dir.join("bad.ensemble.json"), text).unwrap();
+        std::fs::write(dir.join("bad.ensemble.json.gz"), gzip(text.as_bytes())).unwrap();
         Model::load(&dir.join("bad"))
     };
     for (what, text) in [
@@ -622,9 +630,18 @@ fn bad_ensemble_files_are_clear_errors_not_panics() {
             .unwrap_or_else(|| panic!("{what} loaded"));
         assert!(matches!(err, ModelError::Format { .. }), "{what}: {err}");
         assert!(
-            err.to_string().contains("bad.ensemble.json"),
+            err.to_string().contains("bad.ensemble.json.gz"),
             "{what}: {err}"
         );
+    }
+    // Not compressed, or cut short after compression.
+    for (what, bytes) in [
+        ("plain JSON", good.as_bytes().to_vec()),
+        ("cut short", packed[..packed.len() / 2].to_vec()),
+    ] {
+        std::fs::write(dir.join("bad.ensemble.json.gz"), bytes).unwrap();
+        let err = Model::load(&dir.join("bad")).err().unwrap();
+        assert!(err.to_string().contains("not gzip"), "{what}: {err}");
     }
     // Any byte changed or the file cut short: an error naming the file, or a model that
     // scores without panicking.
@@ -642,7 +659,7 @@ fn bad_ensemble_files_are_clear_errors_not_panics() {
                 } else {
                     b[at] = byte;
                 }
-                std::fs::write(dir.join("bad.ensemble.json"), &b).unwrap();
+                std::fs::write(dir.join("bad.ensemble.json.gz"), gzip(&b)).unwrap();
                 match Model::load(&dir.join("bad")) {
                     Err(e) => prop_assert!(e.to_string().contains("bad.ensemble.json"), "{e}"),
                     Ok(mut m) => prop_assert_eq!(m.predict_ranking(&tokens).len(), tokens.len()),

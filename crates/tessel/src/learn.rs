@@ -66,7 +66,7 @@ pub struct PretrainOptions {
     pub fastest_run: bool,
     /// Save the network alone, without the gradient-boosted trees and ridge regression that
     /// are otherwise fitted on the same training tasks and added to its score
-    /// (`NAME.ensemble.json`; `tune` and `eval` use them).
+    /// (`NAME.ensemble.json.gz`; `tune` and `eval` use them).
     #[cfg_attr(feature = "clap", arg(long))]
     pub no_ensemble: bool,
 }
@@ -581,7 +581,7 @@ pub struct EvalReport {
     /// A random ranking.
     pub random: Metrics,
     /// The model as `tune` ranks with it: the network plus the trees and ridge it ships with
-    /// (`NAME.ensemble.json`, fitted on its training tasks); `None` for a network alone.
+    /// (`NAME.ensemble.json.gz`, fitted on its training tasks); `None` for a network alone.
     pub ensemble: Option<Metrics>,
     /// Each task's top-1 pick (by the ensemble where there is one) beside its best, with its
     /// share of what the top-1 score loses: the score weighs tasks by latency, so a few heavy

@@ -109,7 +109,7 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
     // The trees and ridge of the ensemble, fitted on the training tasks, ship beside it.
     assert_eq!(
         trained.saved_ensemble.as_deref(),
-        Some(dir.join("m/model.ensemble.json").as_path())
+        Some(dir.join("m/model.ensemble.json.gz").as_path())
     );
     assert!(saved.companions.is_some() && trained.validation_ensemble.is_some());
     // The instructions it was trained on, which `tune` checks before trusting it.
@@ -162,7 +162,7 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
     assert_eq!(transfer.test_tasks, 1);
     assert!(transfer.saved.0.exists());
     // The pretraining platform's trees are not carried to the new one.
-    assert!(!dir.join("m/tuned.ensemble.json").exists());
+    assert!(!dir.join("m/tuned.ensemble.json.gz").exists());
     // The shots come from one task: nothing to validate a fine-tuning on, so the pretrained
     // weights are what is saved.
     assert!(transfer.validation.is_none());
