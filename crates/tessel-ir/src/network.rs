@@ -492,8 +492,9 @@ pub const MOBILENET_V1_BLOCKS: [(u64, u64); 13] = [
     (1, 1024),
 ];
 
-fn mobilenet_v1(b: &mut Builder, n: u64, image: u64) {
-    let (mut x, mut hw) = b.conv(
+/// The 3x3 stride-2 stem both MobileNets share: 3 channels to 32.
+fn mobilenet_stem(b: &mut Builder, n: u64, image: u64) -> (NodeIndex, u64) {
+    b.conv(
         "stem".into(),
         (n, image, image, 3),
         32,
@@ -502,7 +503,11 @@ fn mobilenet_v1(b: &mut Builder, n: u64, image: u64) {
         1,
         BIAS_RELU,
         &[],
-    );
+    )
+}
+
+fn mobilenet_v1(b: &mut Builder, n: u64, image: u64) {
+    let (mut x, mut hw) = mobilenet_stem(b, n, image);
     let mut c = 32;
     for (i, &(stride, out_c)) in MOBILENET_V1_BLOCKS.iter().enumerate() {
         let (d, out_hw) = b.grouped_conv(
@@ -533,16 +538,7 @@ fn mobilenet_v1(b: &mut Builder, n: u64, image: u64) {
 }
 
 fn mobilenet_v2(b: &mut Builder, n: u64, image: u64) {
-    let (mut x, mut hw) = b.conv(
-        "stem".into(),
-        (n, image, image, 3),
-        32,
-        3,
-        2,
-        1,
-        BIAS_RELU,
-        &[],
-    );
+    let (mut x, mut hw) = mobilenet_stem(b, n, image);
     let mut c = 32;
     for (i, &(t, out_c, repeats, stride)) in MOBILENET_V2_BLOCKS.iter().enumerate() {
         for r in 0..repeats {

@@ -8,8 +8,8 @@
 //! deviation) and the three are summed: fixed scales, so a candidate's score never depends
 //! on which others it is scored with. The companions live in `NAME.ensemble.json.gz` (JSON,
 //! gzip-compressed: 200 trees are megabytes of text) beside `NAME.json` and
-//! `NAME.safetensors`; [`crate::Model::load`] reads them when the file is
-//! there, and [`crate::Model::predict_ranking`] uses them.
+//! `NAME.safetensors`; [`crate::Model::load`] reads them when the file is there, and
+//! [`crate::Model::predict_ranking`] uses them.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -17,7 +17,6 @@ use std::path::{Path, PathBuf};
 use flate2::Compression;
 use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
-
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
