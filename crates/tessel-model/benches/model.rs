@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use tessel_features::{Target, WIDTH, extract};
-use tessel_model::{Companions, Dataset, Model, ModelConfig, Sample, TrainOptions, train};
+use tessel_model::{Dataset, Model, ModelConfig, Sample, TrainOptions, train};
 use tessel_search::rng::Rng;
 use tessel_search::{InstructionSet, Space};
 
@@ -93,9 +93,7 @@ fn main() {
         (rates[rates.len() / 2], rates[rates.len() - 1])
     };
     let (infer_rate, infer_best) = rounds(&mut model, false);
-    let scores = model.predict(&inputs);
-    let companions = Companions::fit(&data, &scores, 1).expect("trees and ridge fit");
-    model.companions = Some(std::sync::Arc::new(companions));
+    model.fit_companions(&data, 1).expect("trees and ridge fit");
     let (ensemble_rate, ensemble_best) = rounds(&mut model, true);
     model.companions = None;
     let opts = TrainOptions {

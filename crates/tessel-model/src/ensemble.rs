@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::gbt::Gbt;
 use crate::metrics::{Ridge, pooled};
+use crate::train::{log_labels, pooled_rows};
 use crate::{Dataset, ModelError};
 
 /// The trees and ridge fitted beside a model, and the scales that weigh the three.
@@ -70,14 +71,7 @@ impl Companions {
                 data.samples.len()
             )));
         }
-        let rows: Vec<Vec<f64>> = data
-            .samples
-            .iter()
-            .map(|s| pooled(&s.tokens, data.width))
-            .collect();
-        let labels: Vec<f64> = (0..data.samples.len())
-            .map(|i| data.label(i).ln())
-            .collect();
+        let (rows, labels) = (pooled_rows(data), log_labels(data));
         let trees = Gbt::fit(&rows, &labels, seed)?;
         let ridge = Ridge::fit(&rows, &labels, 1.0);
         let tree_scores = trees.predict(&rows);
@@ -99,11 +93,6 @@ impl Companions {
             records: data.samples.len(),
             tasks: data.tasks.len(),
         })
-    }
-
-    /// The ensemble's score of one program: `model_score` (the network's) and its raw tokens.
-    pub fn score(&self, model_score: f32, tokens: &[f32], width: usize) -> f32 {
-        self.scores(&[model_score], &[tokens], width)[0]
     }
 
     /// Ensemble scores for programs given by the network's scores and their raw tokens.

@@ -320,6 +320,15 @@ impl Model {
         Ok(self.fused.as_ref().expect("just built"))
     }
 
+    /// Fits the trees and ridge of the ensemble on `data` (the network's training records),
+    /// with the network as it is now, and keeps them with the model (`ensemble`).
+    pub fn fit_companions(&mut self, data: &Dataset, seed: u64) -> Result<(), ModelError> {
+        let scores = self.predict(&train::sample_tokens(data));
+        let companions = Companions::fit(data, &scores, seed)?;
+        self.companions = Some(std::sync::Arc::new(companions));
+        Ok(())
+    }
+
     /// The scores a search ranks by: the network's ([`Model::predict`]) plus, where the model
     /// ships with companions, the trees' and ridge's (`ensemble`). Only scores of one task's
     /// candidates compare.

@@ -23,43 +23,6 @@ pub struct Metrics {
     pub kendall_tau: f64,
 }
 
-/// One ranking of several: per task, the mean of each ranking's scores standardised within
-/// the task (z-scores), so that rankers on different scales get an equal say. The rankings
-/// must be of the same tasks and candidates, in the same order; the first one's weights and
-/// latencies are kept. A ranking whose scores are all equal within a task adds nothing there.
-pub fn ensemble(parts: &[&[Ranked]]) -> Vec<Ranked> {
-    let Some(first) = parts.first() else {
-        return Vec::new();
-    };
-    first
-        .iter()
-        .enumerate()
-        .map(|(t, task)| {
-            let mut sum = vec![0.0; task.predicted.len()];
-            for part in parts {
-                let Some(p) = part.get(t).filter(|p| p.predicted.len() == sum.len()) else {
-                    continue;
-                };
-                let n = p.predicted.len().max(1) as f64;
-                let mean = p.predicted.iter().sum::<f64>() / n;
-                let var = p.predicted.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
-                if var.is_finite() && var > 0.0 {
-                    let sd = var.sqrt();
-                    for (acc, x) in sum.iter_mut().zip(&p.predicted) {
-                        *acc += (x - mean) / sd;
-                    }
-                }
-            }
-            let n = parts.len() as f64;
-            Ranked {
-                weight: task.weight,
-                predicted: sum.into_iter().map(|x| x / n).collect(),
-                latency: task.latency.clone(),
-            }
-        })
-        .collect()
-}
-
 /// TenSet's top-k score: `sum(w_t * best_t) / sum(w_t * chosen_t)`, where `best_t` is the best
 /// latency among all candidates of task t and `chosen_t` the best among the model's k
 /// highest-ranked. 1.0 is perfect.
@@ -405,25 +368,6 @@ mod tests {
         assert_eq!(top1_loss_shares(&tasks), vec![1.0, 0.0]);
         assert_eq!(best_and_chosen(&tasks[0], 1), Some((1.0, 2.0)));
         assert_eq!(top1_loss_shares(&tasks[1..]), vec![0.0]);
-    }
-
-    #[test]
-    fn an_ensemble_averages_standardised_scores_so_scale_does_not_decide() {
-        // One ranker on a scale a thousand times the other's: each still gets an equal say.
-        let big = [task(&[3000.0, 1000.0, 2000.0], &[3.0, 1.0, 2.0])];
-        let small = [task(&[0.1, 3.0, 0.2], &[3.0, 1.0, 2.0])];
-        let e = ensemble(&[&big, &small]);
-        // z-scores: big (1.2247, -1.2247, 0), small (-0.7440, 1.4136, -0.6696); their means:
-        let want = [0.2404, 0.0944, -0.3348];
-        for (got, want) in e[0].predicted.iter().zip(want) {
-            assert!((got - want).abs() < 1e-3, "{:?}", e[0].predicted);
-        }
-        assert_eq!(e[0].latency, big[0].latency);
-        // A ranker with no opinion on a task (all scores equal) leaves the other's order.
-        let flat = [task(&[5.0, 5.0, 5.0], &[3.0, 1.0, 2.0])];
-        let alone = ensemble(&[&small, &flat]);
-        assert_eq!(top_k_score(&alone, 1), 1.0);
-        assert!(ensemble(&[]).is_empty());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::metrics::{self, Metrics, Ranked};
 use crate::net::{self, InitRng};
-use crate::{Dataset, Model, ModelError, Normalizer};
+use crate::{Companions, Dataset, Model, ModelError, Normalizer};
 
 /// The training objective.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -507,8 +507,18 @@ pub fn ridge_rank(train: &Dataset, test: &Dataset) -> Vec<Ranked> {
     by_task(test, scores)
 }
 
+/// Rankings of every task of `test` by a model's companions: the trees' and ridge's, as
+/// [`gbt_rank`] and [`ridge_rank`] give them when fitted on the companions' training set
+/// (the same fits, not repeated).
+pub fn companion_ranks(companions: &Companions, test: &Dataset) -> (Vec<Ranked>, Vec<Ranked>) {
+    let rows = pooled_rows(test);
+    let trees = by_task(test, companions.trees.predict(&rows).into_iter());
+    let ridge = by_task(test, rows.iter().map(|x| companions.ridge.predict(x)));
+    (trees, ridge)
+}
+
 /// The baselines' input: every sample's pooled tokens.
-fn pooled_rows(data: &Dataset) -> Vec<Vec<f64>> {
+pub(crate) fn pooled_rows(data: &Dataset) -> Vec<Vec<f64>> {
     data.samples
         .iter()
         .map(|s| metrics::pooled(&s.tokens, data.width))
@@ -516,7 +526,7 @@ fn pooled_rows(data: &Dataset) -> Vec<Vec<f64>> {
 }
 
 /// The baselines' target: log relative throughput.
-fn log_labels(data: &Dataset) -> Vec<f64> {
+pub(crate) fn log_labels(data: &Dataset) -> Vec<f64> {
     (0..data.samples.len())
         .map(|i| data.label(i).ln())
         .collect()

@@ -526,10 +526,7 @@ fn the_roofline_cost_model_puts_the_classic_gemm_ahead_of_the_naive_loops() {
 /// A fresh network and the trees and ridge fitted beside it on `train`: the shipped ensemble.
 fn with_companions(train: &Dataset) -> Model {
     let mut model = Model::new(small_config(), 3).unwrap();
-    let tokens: Vec<&[f32]> = train.samples.iter().map(|s| &s.tokens[..]).collect();
-    let scores = model.predict(&tokens);
-    let companions = tessel_model::Companions::fit(train, &scores, 1).unwrap();
-    model.companions = Some(std::sync::Arc::new(companions));
+    model.fit_companions(train, 1).unwrap();
     model
 }
 

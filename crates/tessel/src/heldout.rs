@@ -8,12 +8,8 @@
 use std::path::PathBuf;
 
 use serde::Serialize;
-use tessel_model::train::{
-    gbt_rank, rank, rank_ensemble, ridge_rank, roofline_rank, sample_tokens,
-};
-use tessel_model::{
-    Companions, Dataset, Loss, Metrics, Model, Ranked, TrainOptions, metrics, train,
-};
+use tessel_model::train::{companion_ranks, rank, rank_ensemble, roofline_rank};
+use tessel_model::{Dataset, Loss, Metrics, Model, Ranked, TrainOptions, metrics, train};
 
 use crate::data::{Encoding, load_encoded, network_tasks};
 use crate::error::{Result, bail};
@@ -202,14 +198,14 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
     };
     let (train_set, test_set) = (data.subset(&train_ids), data.subset(&test_ids));
     let ranked = rank(&mut model, &test_set);
-    let ridge = ridge_rank(&train_set, &test_set);
-    progress.note("fitting gradient-boosted trees");
-    let gbt = gbt_rank(&train_set, &test_set, o.seed);
+    // The trees and ridge columns are the ensemble's own parts: one fit serves both.
+    progress.note("fitting gradient-boosted trees and ridge");
+    model.fit_companions(&train_set, o.seed)?;
+    let (gbt, ridge) = match &model.companions {
+        Some(c) => companion_ranks(c, &test_set),
+        None => bail!("the ensemble's trees and ridge were not fitted"),
+    };
     let roofline = roofline_rank(&test_set);
-    progress.note("fitting the ensemble's trees and ridge");
-    let train_scores = model.predict(&sample_tokens(&train_set));
-    let companions = Companions::fit(&train_set, &train_scores, o.seed)?;
-    model.companions = Some(std::sync::Arc::new(companions));
     let together = rank_ensemble(&mut model, &test_set);
     let (prim_ranked, ablation_best_epoch) = match ablation {
         Some(((mut m, best), prim)) => (Some(rank(&mut m, &prim.subset(&test_ids))), Some(best)),

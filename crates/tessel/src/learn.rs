@@ -7,7 +7,7 @@ use serde::Serialize;
 use tessel_features::WIDTH;
 use tessel_model::train::{
     Comparison, Trainable, compare, gbt_rank, rank, rank_ensemble, ridge_rank, roofline_rank,
-    sample_tokens, split_tasks, transfer_options,
+    split_tasks, transfer_options,
 };
 use tessel_model::{
     Companions, Dataset, Loss, Metrics, Model, ModelConfig, Ranked, Sample, TrainOptions,
@@ -214,10 +214,7 @@ pub fn pretrain(o: &PretrainOptions, progress: &mut dyn Progress) -> Result<Pret
     if !o.no_ensemble {
         // Fitted on the network's training tasks only, so validation stays unseen.
         progress.note("fitting the ensemble's gradient-boosted trees and ridge");
-        let train_set = data.subset(&train_ids);
-        let scores = model.predict(&sample_tokens(&train_set));
-        let companions = Companions::fit(&train_set, &scores, o.seed)?;
-        model.companions = Some(std::sync::Arc::new(companions));
+        model.fit_companions(&data.subset(&train_ids), o.seed)?;
         if !val_ids.is_empty() {
             let val_set = data.subset(&val_ids);
             let ranked = rank_ensemble(&mut model, &val_set);
