@@ -317,7 +317,7 @@ fn comparison(label: &str, c: &Comparison) {
     comparison_with(label, c, None);
 }
 
-/// A comparison with the shipped ensemble's row (the network plus its trees and ridge) first.
+/// A comparison with the shipped ensemble's row (the network plus its trees) first.
 fn comparison_with(label: &str, c: &Comparison, ensemble: Option<&tessel::model::Metrics>) {
     println!("{label}");
     println!(
@@ -326,7 +326,7 @@ fn comparison_with(label: &str, c: &Comparison, ensemble: Option<&tessel::model:
     );
     if let Some(m) = ensemble {
         println!(
-            "  {:<8} {:>6.3} {:>6.3} {:>9.3} {:>8.3}  (the network + its trees + ridge: what tune ranks by)",
+            "  {:<8} {:>6.3} {:>6.3} {:>9.3} {:>8.3}  (the network + its trees: what tune ranks by)",
             "ensemble", m.top1, m.top5, m.pairwise_accuracy, m.kendall_tau
         );
     }
@@ -361,10 +361,7 @@ pub fn pretrain(r: &PretrainReport) {
     }
     println!("saved {} and {}", r.saved.0.display(), r.saved.1.display());
     if let Some(p) = &r.saved_ensemble {
-        println!(
-            "saved {} (the trees and ridge of the ensemble)",
-            p.display()
-        );
+        println!("saved {} (the trees of the ensemble)", p.display());
     }
 }
 
@@ -374,21 +371,37 @@ pub fn transfer(r: &TransferReport) {
         r.shots, r.mode, r.test_records, r.test_tasks
     );
     comparison("pretrained, before fine-tuning:", &r.before);
-    comparison("fine-tuned on the shots:", &r.fine_tuned);
+    comparison_with(
+        "fine-tuned on the shots (the ensemble: with trees fitted on the shots):",
+        &r.fine_tuned,
+        r.fine_tuned_ensemble.as_ref(),
+    );
     comparison("trained from scratch on the same records:", &r.scratch);
     match &r.validation {
         Some(v) => {
             println!(
-                "validation on the shots ({} records of {} tasks; the others trained on {} records), pairwise / top-1:",
+                "validation on the shots ({} records of {} tasks; the others trained on {} records):",
                 v.validation_records, v.validation_tasks, v.fit_records
             );
-            for (name, m) in [
-                ("pretrained", &v.pretrained),
-                ("fine-tuned", &v.fine_tuned),
-                ("scratch", &v.scratch),
-            ] {
-                println!("  {name:<11} {:.3} / {:.3}", m.pairwise_accuracy, m.top1);
+            println!("                       criterion  top-1  pairwise");
+            let rows = [
+                ("pretrained", Some(&v.pretrained)),
+                ("fine-tuned", Some(&v.fine_tuned)),
+                ("fine-tuned+ensemble", v.fine_tuned_ensemble.as_ref()),
+                ("scratch", Some(&v.scratch)),
+            ];
+            for (name, s) in rows {
+                match s {
+                    Some(s) => println!(
+                        "  {name:<20} {:>9.3}  {:.3}  {:>8.3}",
+                        s.criterion, s.metrics.top1, s.metrics.pairwise_accuracy
+                    ),
+                    None => println!("  {name:<20}         -"),
+                }
             }
+            println!(
+                "  (criterion: the mean of the per-task top-1 and top-5 ratios and the pairwise accuracy)"
+            );
         }
         None => {
             println!("no validation possible on the shots (fewer than two tasks of two records)")
@@ -396,6 +409,9 @@ pub fn transfer(r: &TransferReport) {
     }
     println!("kept: {} (what the saved model is)", r.chosen);
     println!("saved {} and {}", r.saved.0.display(), r.saved.1.display());
+    if let Some(p) = &r.saved_ensemble {
+        println!("saved {} (the trees fitted on the shots)", p.display());
+    }
 }
 
 pub fn eval(r: &EvalReport) {

@@ -88,13 +88,27 @@ fn gpu_model_targets_run_the_whole_pipeline() {
     run(&args, &dir);
     let text = run(
         &[
-            "transfer", "--model", "m/a100", "--data", "l4.jsonl", "--shots", "8", "--out", "m/l4",
-            "--epochs", "1", "--json",
+            "transfer", "--model", "m/a100", "--data", "l4.jsonl", "--shots", "24", "--out",
+            "m/l4", "--epochs", "1", "--json",
         ],
         &dir,
     );
     let report: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
-    assert_eq!(report["shots"], 8);
+    assert_eq!(report["shots"], 24);
+    // Four candidates, the ensemble among them (trees fitted on the shots beside
+    // the fine-tuned network); its companion file is written exactly when it is kept.
+    let validation = &report["validation"];
+    for candidate in ["pretrained", "fine_tuned", "fine_tuned_ensemble", "scratch"] {
+        let c = validation[candidate]["criterion"].as_f64();
+        assert!(c.is_some_and(|c| (0.0..=1.0).contains(&c)), "{report}");
+    }
+    assert!(
+        report["fine_tuned_ensemble"]["top1"].is_number(),
+        "{report}"
+    );
+    let kept_ensemble = report["chosen"] == "fine-tuned+ensemble";
+    assert_eq!(dir.join("m/l4.ensemble.json.gz").exists(), kept_ensemble);
+    assert_eq!(report["saved_ensemble"].is_string(), kept_ensemble);
     let text = run(
         &[
             "tune",

@@ -196,6 +196,7 @@ fn a_checked_run_over_its_budget_is_the_whole_measurement() {
     ]);
     let [full, cut, roomy] = [&results[0], &results[1], &results[2]].map(|r| r.as_ref().unwrap());
     assert!(!full.cut_short && full.timing.runs >= 5, "{full:?}");
+    // Cut after its checked run and one warm run that confirmed it, which is the timing.
     assert!(cut.cut_short && cut.timing.runs == 1, "{cut:?}");
     assert!(!roomy.cut_short && roomy.timing.runs >= 5, "{roomy:?}");
     // Still checked against the reference before it was cut.
@@ -203,6 +204,46 @@ fn a_checked_run_over_its_budget_is_the_whole_measurement() {
     // Budgets that mean nothing are no budget.
     assert_eq!(naive().with_budget(Some(f64::NAN)).budget_s, None);
     assert_eq!(naive().with_budget(Some(-1.0)).budget_s, None);
+}
+
+#[test]
+fn a_kernel_slow_only_on_its_first_call_is_not_cut_short() {
+    // A static packed buffer's first touch makes a fast kernel's first call slow (8 MB cost
+    // a 1 ms kernel 23 ms in a VM); the checked run is that first call. This kernel sleeps
+    // 100 ms on its first call only, under a budget of 50 ms: a warm run confirms it is
+    // fast, so it is timed in full.
+    let w: tessel_ir::Workload = "gemm:m=64,n=64,k=64,dtype=f32".parse().unwrap();
+    let op = w.to_op();
+    let mut m = many_runs(Duration::from_secs(60));
+    let good = naive_kernel(&m, &op);
+    let cold = sleeping_first(
+        &good.kernel,
+        "cold_first_call",
+        "static int tsl_cold = 1; if (tsl_cold) { extern int usleep(unsigned int); \
+         tsl_cold = 0; usleep(100000); }",
+    );
+    let always = sleeping_first(
+        &good.kernel,
+        "slow_every_call",
+        "extern int usleep(unsigned int); usleep(100000);",
+    );
+    let job = |kernel: Kernel| {
+        Ok(KernelJob {
+            op: op.clone(),
+            kernel,
+            mode: Mode::Native,
+            budget_s: Some(0.05),
+            pack: None,
+        })
+    };
+    let r = m.measure_kernels(&[job(cold), job(always)]);
+    let cold = r[0].as_ref().unwrap();
+    assert!(!cold.cut_short && cold.timing.runs >= 5, "{cold:?}");
+    assert!(cold.timing.median_s < 0.05, "{cold:?}");
+    // Slow twice: cut short, measured by the warm run.
+    let slow = r[1].as_ref().unwrap();
+    assert!(slow.cut_short && slow.timing.runs == 1, "{slow:?}");
+    assert!(slow.timing.min_s >= 0.1, "{slow:?}");
 }
 
 #[test]

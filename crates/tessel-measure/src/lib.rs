@@ -130,8 +130,11 @@ pub struct Measurement {
     pub emulated: bool,
     /// The operator's floating-point (or integer) operations per second at the median.
     pub gflops: f64,
-    /// The checked run took longer than the candidate's budget, so the timing is that one
-    /// run (cold caches included): enough to rank a slow schedule, not to quote it.
+    /// The checked run took longer than the candidate's budget, so the timing is one run:
+    /// where the checked run was short, a warm run that confirmed it was slow; otherwise
+    /// the checked run itself (cold caches included). Enough to rank a slow schedule, not
+    /// to quote it. (Before 2026-12-05's twelfth
+    /// session the cold run alone decided; `remeasure --cut-short` finds such records.)
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cut_short: bool,
     /// The checked run went on so far past the budget that it was stopped (its worker

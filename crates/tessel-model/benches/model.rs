@@ -93,7 +93,7 @@ fn main() {
         (rates[rates.len() / 2], rates[rates.len() - 1])
     };
     let (infer_rate, infer_best) = rounds(&mut model, false);
-    model.fit_companions(&data, 1).expect("trees and ridge fit");
+    model.fit_companions(&data, 1).expect("trees fit");
     let (ensemble_rate, ensemble_best) = rounds(&mut model, true);
     model.companions = None;
     let opts = TrainOptions {

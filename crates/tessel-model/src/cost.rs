@@ -84,7 +84,7 @@ impl ModelCostModel {
     /// `label` names the model in reports (its file, usually).
     pub fn new(model: Model, target: Target, label: &str, online: OnlineOptions) -> Self {
         let rng = crate::net::InitRng::new(online.seed);
-        // Reports say when the trees and ridge rank beside the network.
+        // Reports say when the trees rank beside the network.
         let label = match model.companions {
             Some(_) => format!("{label} (ensemble)"),
             None => label.to_string(),

@@ -266,7 +266,7 @@ pub struct ModelInfo {
 pub struct Model {
     pub info: ModelInfo,
     pub params: net::Params,
-    /// The trees and ridge fitted beside the network (`ensemble`), when it ships with them:
+    /// The trees fitted beside the network (`ensemble`), when it ships with them:
     /// [`Model::predict_ranking`] adds their scores.
     pub companions: Option<std::sync::Arc<Companions>>,
     fused: Option<fused::Fused>,
@@ -320,7 +320,7 @@ impl Model {
         Ok(self.fused.as_ref().expect("just built"))
     }
 
-    /// Fits the trees and ridge of the ensemble on `data` (the network's training records),
+    /// Fits the trees of the ensemble on `data` (the network's training records),
     /// with the network as it is now, and keeps them with the model (`ensemble`).
     pub fn fit_companions(&mut self, data: &Dataset, seed: u64) -> Result<(), ModelError> {
         let scores = self.predict(&train::sample_tokens(data));
@@ -330,7 +330,7 @@ impl Model {
     }
 
     /// The scores a search ranks by: the network's ([`Model::predict`]) plus, where the model
-    /// ships with companions, the trees' and ridge's (`ensemble`). Only scores of one task's
+    /// ships with companions, the trees' (`ensemble`). Only scores of one task's
     /// candidates compare.
     pub fn predict_ranking(&mut self, programs: &[&[f32]]) -> Vec<f32> {
         let scores = self.predict(programs);

@@ -507,14 +507,13 @@ pub fn ridge_rank(train: &Dataset, test: &Dataset) -> Vec<Ranked> {
     by_task(test, scores)
 }
 
-/// Rankings of every task of `test` by a model's companions: the trees' and ridge's, as
-/// [`gbt_rank`] and [`ridge_rank`] give them when fitted on the companions' training set
-/// (the same fits, not repeated).
-pub fn companion_ranks(companions: &Companions, test: &Dataset) -> (Vec<Ranked>, Vec<Ranked>) {
-    let rows = pooled_rows(test);
-    let trees = by_task(test, companions.trees.predict(&rows).into_iter());
-    let ridge = by_task(test, rows.iter().map(|x| companions.ridge.predict(x)));
-    (trees, ridge)
+/// Rankings of every task of `test` by a model's trees, as [`gbt_rank`] gives them when
+/// fitted on the companions' training set (the same fit, not repeated).
+pub fn companion_ranks(companions: &Companions, test: &Dataset) -> Vec<Ranked> {
+    by_task(
+        test,
+        companions.trees.predict(&pooled_rows(test)).into_iter(),
+    )
 }
 
 /// The baselines' input: every sample's pooled tokens.

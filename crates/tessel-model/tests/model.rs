@@ -523,7 +523,7 @@ fn the_roofline_cost_model_puts_the_classic_gemm_ahead_of_the_naive_loops() {
     assert!(s[0] > s[1], "classic {} vs loops {}", s[0], s[1]);
 }
 
-/// A fresh network and the trees and ridge fitted beside it on `train`: the shipped ensemble.
+/// A fresh network and the trees fitted beside it on `train`: the shipped ensemble.
 fn with_companions(train: &Dataset) -> Model {
     let mut model = Model::new(small_config(), 3).unwrap();
     model.fit_companions(train, 1).unwrap();
@@ -535,11 +535,12 @@ fn the_ensemble_ships_beside_the_model_and_ranks_what_the_network_alone_cannot()
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("model-ensemble");
     let (train_set, test_set) = (synthetic(6, 40, 11), synthetic(4, 30, 12));
     let mut model = with_companions(&train_set);
-    // An untrained network ranks at chance; its trees and ridge learned the synthetic cost.
+    // An untrained network ranks at chance; its trees learned the synthetic cost (from 240
+    // records: 0.73 of pairs).
     let network = metrics::evaluate(&rank(&mut model, &test_set));
     let ensemble = metrics::evaluate(&tessel_model::train::rank_ensemble(&mut model, &test_set));
     assert!(
-        ensemble.pairwise_accuracy > 0.75
+        ensemble.pairwise_accuracy > 0.7
             && ensemble.pairwise_accuracy > network.pairwise_accuracy + 0.15,
         "ensemble {ensemble:?}, network {network:?}"
     );

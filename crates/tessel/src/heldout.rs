@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use serde::Serialize;
-use tessel_model::train::{companion_ranks, rank, rank_ensemble, roofline_rank};
+use tessel_model::train::{companion_ranks, rank, rank_ensemble, ridge_rank, roofline_rank};
 use tessel_model::{Dataset, Loss, Metrics, Model, Ranked, TrainOptions, metrics, train};
 
 use crate::data::{Encoding, load_encoded, network_tasks};
@@ -87,7 +87,7 @@ pub struct Scores {
     pub gbt: Metrics,
     /// The analytic roofline estimate, fitted on nothing.
     pub roofline: Metrics,
-    /// The model as `pretrain` ships it: the network plus trees and ridge fitted on the
+    /// The model as `pretrain` ships it: the network plus trees fitted on the
     /// training networks, each divided by its within-task spread on the training records
     /// (`tessel_model::ensemble`).
     pub ensemble: Metrics,
@@ -198,13 +198,14 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
     };
     let (train_set, test_set) = (data.subset(&train_ids), data.subset(&test_ids));
     let ranked = rank(&mut model, &test_set);
-    // The trees and ridge columns are the ensemble's own parts: one fit serves both.
-    progress.note("fitting gradient-boosted trees and ridge");
+    // The trees column is the ensemble's own part: one fit serves both.
+    progress.note("fitting gradient-boosted trees");
     model.fit_companions(&train_set, o.seed)?;
-    let (gbt, ridge) = match &model.companions {
+    let gbt = match &model.companions {
         Some(c) => companion_ranks(c, &test_set),
-        None => bail!("the ensemble's trees and ridge were not fitted"),
+        None => bail!("the ensemble's trees were not fitted"),
     };
+    let ridge = ridge_rank(&train_set, &test_set);
     let roofline = roofline_rank(&test_set);
     let together = rank_ensemble(&mut model, &test_set);
     let (prim_ranked, ablation_best_epoch) = match ablation {

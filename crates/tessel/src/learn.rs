@@ -64,7 +64,7 @@ pub struct PretrainOptions {
     /// adds time; `eval --fastest-run` ranks by the same).
     #[cfg_attr(feature = "clap", arg(long))]
     pub fastest_run: bool,
-    /// Save the network alone, without the gradient-boosted trees and ridge regression that
+    /// Save the network alone, without the gradient-boosted trees that
     /// are otherwise fitted on the same training tasks and added to its score
     /// (`NAME.ensemble.json.gz`; `tune` and `eval` use them).
     #[cfg_attr(feature = "clap", arg(long))]
@@ -149,7 +149,7 @@ pub struct PretrainReport {
     pub validation: Option<Comparison>,
     /// Validation tasks.
     pub validation_tasks: usize,
-    /// The ensemble that ships (the network, the trees and ridge fitted on the training
+    /// The ensemble that ships (the network and the trees fitted on the training
     /// tasks) on the same validation tasks; `None` with `--no-ensemble`.
     pub validation_ensemble: Option<Metrics>,
     /// The files written.
@@ -213,7 +213,7 @@ pub fn pretrain(o: &PretrainOptions, progress: &mut dyn Progress) -> Result<Pret
     let mut validation_ensemble = None;
     if !o.no_ensemble {
         // Fitted on the network's training tasks only, so validation stays unseen.
-        progress.note("fitting the ensemble's gradient-boosted trees and ridge");
+        progress.note("fitting the ensemble's gradient-boosted trees");
         model.fit_companions(&data.subset(&train_ids), o.seed)?;
         if !val_ids.is_empty() {
             let val_set = data.subset(&val_ids);
@@ -296,30 +296,62 @@ pub struct TransferReport {
     pub after: Comparison,
     /// The pretrained model fine-tuned on all the shots (saved only when chosen).
     pub fine_tuned: Comparison,
+    /// The fine-tuned model with trees fitted on the shots beside it, ranking as
+    /// an ensemble does (`Model::predict_ranking`). None when the trees could not be fitted
+    /// on the shots.
+    pub fine_tuned_ensemble: Option<Metrics>,
     /// A model of the same shape trained from scratch on the same records.
     pub scratch: Comparison,
-    /// What was saved: `fine-tuned`, `pretrained` (fine-tuning did not help on the shots'
-    /// own validation tasks, so the pretrained weights are kept) or `scratch`.
+    /// What was saved: `fine-tuned`, `fine-tuned+ensemble` (saved with its trees),
+    /// `scratch`, or `pretrained` (nothing trained on the shots did better on their
+    /// own validation tasks, so the pretrained weights are kept).
     pub chosen: String,
-    /// The choice's evidence: the three candidates on the validation tasks of the shots
-    /// (fine-tuned and scratch trained on the other shots), pairwise accuracy then top-1.
-    /// None when the shots span fewer than two tasks with two records each: nothing to
-    /// validate on, so the pretrained model is kept.
+    /// The choice's evidence: the candidates on the validation tasks of the shots (those
+    /// trained on the shots trained on the other shots). None when the shots span fewer than
+    /// two tasks with two records each: nothing to validate on, so the pretrained model is
+    /// kept.
     pub validation: Option<TransferValidation>,
     /// The files written.
     pub saved: (PathBuf, PathBuf),
+    /// The companion file written, where the ensemble was kept.
+    pub saved_ensemble: Option<PathBuf>,
 }
 
-/// The three candidates of a transfer on the validation half of the shots.
+/// The candidates of a transfer on the validation half of the shots.
 #[derive(Clone, Debug, Serialize)]
 pub struct TransferValidation {
     /// Records and tasks the candidates were trained on, and validated on.
     pub fit_records: usize,
     pub validation_records: usize,
     pub validation_tasks: usize,
-    pub pretrained: Metrics,
-    pub fine_tuned: Metrics,
-    pub scratch: Metrics,
+    pub pretrained: TransferScore,
+    pub fine_tuned: TransferScore,
+    pub fine_tuned_ensemble: Option<TransferScore>,
+    pub scratch: TransferScore,
+}
+
+/// One candidate on the shots' validation tasks: what the choice compares (`criterion`) and
+/// the usual figures.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct TransferScore {
+    /// The mean of the per-task top-1 ratio, the per-task top-5 ratio and the pairwise
+    /// accuracy (what early stopping compares too): each task counts the same, so one heavy
+    /// validation task does not decide, and top-k counts beside the pairwise order.
+    pub criterion: f64,
+    pub metrics: Metrics,
+}
+
+impl TransferScore {
+    fn of(ranked: &[Ranked]) -> TransferScore {
+        let metrics = metrics::evaluate(ranked);
+        TransferScore {
+            criterion: (metrics::top_k_task_mean(ranked, 1)
+                + metrics::top_k_task_mean(ranked, 5)
+                + metrics.pairwise_accuracy)
+                / 3.0,
+            metrics,
+        }
+    }
 }
 
 /// Fine-tunes on K records of half the tasks; reports on the other half before and after,
@@ -333,6 +365,9 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
     check_training(o.epochs.max(1), 1e-3)?;
     refuse_overwrite(&o.out, o.force)?;
     let mut model = load_model(&o.model)?;
+    // The pretrained model's trees were fitted on the other platform's records:
+    // every candidate here is a network alone, or one with companions fitted on the shots.
+    model.companions = None;
     let data = load(&o.data, network_filter(&o.networks)?.as_ref(), progress)?;
     let (shots, test) = few_shot_split(&data, o.shots, o.seed)?;
     if shots.samples.len() < o.shots {
@@ -351,12 +386,17 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
         ..TrainOptions::default()
     };
     let fine_opts = transfer_options(trainable, &pre);
-    progress.start("models", 5);
+    progress.start("models", 6);
+    // The baselines (ridge and trees on the shots, roofline, random) are the same for every
+    // model: fitted once.
     let before = compare(&mut model, &shots, &test, o.seed);
+    let on_test = |m: &mut Model| Comparison {
+        model: metrics::evaluate(&rank(m, &test)),
+        ..before
+    };
     // Fine-tuning can make a model worse (TenSet's users saw transfer slow ResNet-50 down on
-    // a new device). Which of pretrained, fine-tuned and scratch to keep is decided on the
-    // shots alone: half of their tasks train, the other half validate. The test tasks are
-    // never looked at.
+    // a new device). Which candidate to keep is decided on the shots alone: half of their
+    // tasks train, the other half validate. The test tasks are never looked at.
     progress.update(0, "validating on the shots");
     let validation = validate_transfer(&mut model, &shots, &pre, &fine_opts, o.seed)?;
     progress.update(3, "fine-tuning");
@@ -364,23 +404,39 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
     if !shots.samples.is_empty() {
         train(&mut fine, &shots, &fine_opts, &mut |_| {})?;
     }
-    let fine_tuned = compare(&mut fine, &shots, &test, o.seed);
-    progress.update(4, "from scratch");
+    let fine_tuned = on_test(&mut fine);
+    progress.update(4, "trees on the shots");
+    let mut fine_ensemble = fit_on_shots(&fine, &shots, o.seed)?;
+    let fine_tuned_ensemble = fine_ensemble
+        .as_mut()
+        .map(|m| metrics::evaluate(&rank_ensemble(m, &test)));
+    progress.update(5, "from scratch");
     let mut scratch_model = Model::new(model.config().clone(), o.seed)?;
     if !shots.samples.is_empty() {
         train(&mut scratch_model, &shots, &pre, &mut |_| {})?;
     }
     progress.finish();
-    let scratch = compare(&mut scratch_model, &shots, &test, o.seed);
+    let scratch = on_test(&mut scratch_model);
     let chosen = choose_transfer(validation.as_ref());
-    let (mut saved_model, after) = match chosen {
-        "fine-tuned" => (fine, fine_tuned),
-        "scratch" => (scratch_model, scratch),
+    let (mut saved_model, after) = match (chosen, fine_ensemble, fine_tuned_ensemble) {
+        ("fine-tuned", ..) => (fine, fine_tuned),
+        ("fine-tuned+ensemble", Some(m), Some(metrics)) => (
+            m,
+            Comparison {
+                model: metrics,
+                ..fine_tuned
+            },
+        ),
+        ("scratch", ..) => (scratch_model, scratch),
         _ => (model, before),
     };
-    // The pretrained model's trees and ridge were fitted on the other platform's records and
-    // were not part of the choice above: the transferred model ships as its network alone.
-    saved_model.companions = None;
+    let chosen = if chosen == "fine-tuned+ensemble" && saved_model.companions.is_none() {
+        // Validation fitted trees on half the shots but not on all of them (cannot happen
+        // with more records; kept honest anyway): the pretrained weights stay.
+        "pretrained"
+    } else {
+        chosen
+    };
     saved_model.info.provenance = serde_json::json!({
         "transferred_from": o.model.display().to_string(),
         "data": o.data.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
@@ -398,34 +454,56 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
         before,
         after,
         fine_tuned,
+        fine_tuned_ensemble,
         scratch,
         chosen: chosen.to_string(),
         validation,
         saved: Model::paths(&o.out),
+        saved_ensemble: saved_model
+            .companions
+            .is_some()
+            .then(|| Companions::path(&o.out)),
     })
 }
 
-/// Which model a transfer keeps: fine-tuned only when it beats the pretrained model on the
-/// shots' validation tasks (pairwise accuracy, then top-1) and scratch does not beat it;
-/// scratch when it beats both; otherwise, and without validation, the pretrained weights.
+/// A copy of `model` with trees fitted on `shots` beside it (`fit_companions`);
+/// None when there is too little to fit them on (no task of two records: no spread within a
+/// task to scale by) or the fit fails.
+fn fit_on_shots(model: &Model, shots: &Dataset, seed: u64) -> Result<Option<Model>> {
+    if shots.by_task().iter().all(|t| t.len() < 2) {
+        return Ok(None);
+    }
+    let mut m = model.duplicate()?;
+    Ok(m.fit_companions(shots, seed).is_ok().then_some(m))
+}
+
+/// Which model a transfer keeps: the candidate with the best criterion on the shots'
+/// validation tasks, where it beats the pretrained model; ties keep the earlier of
+/// pretrained, fine-tuned, fine-tuned+ensemble and scratch. Without validation, the
+/// pretrained weights.
 fn choose_transfer(validation: Option<&TransferValidation>) -> &'static str {
     let Some(v) = validation else {
         return "pretrained";
     };
-    let key = |m: &Metrics| (m.pairwise_accuracy, m.top1);
-    let better = |a: &Metrics, b: &Metrics| key(a) > key(b);
-    if better(&v.fine_tuned, &v.pretrained) && !better(&v.scratch, &v.fine_tuned) {
-        "fine-tuned"
-    } else if better(&v.scratch, &v.pretrained) {
-        "scratch"
-    } else {
-        "pretrained"
+    let mut best = ("pretrained", v.pretrained.criterion);
+    let others = [
+        ("fine-tuned", Some(&v.fine_tuned)),
+        ("fine-tuned+ensemble", v.fine_tuned_ensemble.as_ref()),
+        ("scratch", Some(&v.scratch)),
+    ];
+    for (name, score) in others {
+        if let Some(s) = score
+            && s.criterion > best.1
+        {
+            best = (name, s.criterion);
+        }
     }
+    best.0
 }
 
-/// Pretrained, fine-tuned and scratch on the validation half of the shots' tasks, the other
-/// two trained on the fitting half. None when there is no such split: fewer than two tasks
-/// of at least two records each.
+/// The candidates on the validation half of the shots' tasks, those that train trained on
+/// the fitting half. None when there is no such split: fewer than two tasks of at least two
+/// records each.
 fn validate_transfer(
     pretrained: &mut Model,
     shots: &Dataset,
@@ -449,18 +527,20 @@ fn validate_transfer(
     if fit.samples.is_empty() || val.samples.is_empty() {
         return Ok(None);
     }
-    let judge = |m: &mut Model| metrics::evaluate(&rank(m, &val));
     let mut f = pretrained.duplicate()?;
     train(&mut f, &fit, fine_opts, &mut |_| {})?;
+    let fine_tuned_ensemble =
+        fit_on_shots(&f, &fit, seed)?.map(|mut e| TransferScore::of(&rank_ensemble(&mut e, &val)));
     let mut s = Model::new(pretrained.config().clone(), seed)?;
     train(&mut s, &fit, pre, &mut |_| {})?;
     Ok(Some(TransferValidation {
         fit_records: fit.samples.len(),
         validation_records: val.samples.len(),
         validation_tasks: val.tasks.len(),
-        pretrained: judge(pretrained),
-        fine_tuned: judge(&mut f),
-        scratch: judge(&mut s),
+        pretrained: TransferScore::of(&rank(pretrained, &val)),
+        fine_tuned: TransferScore::of(&rank(&mut f, &val)),
+        fine_tuned_ensemble,
+        scratch: TransferScore::of(&rank(&mut s, &val)),
     }))
 }
 
@@ -577,7 +657,7 @@ pub struct EvalReport {
     pub roofline: Metrics,
     /// A random ranking.
     pub random: Metrics,
-    /// The model as `tune` ranks with it: the network plus the trees and ridge it ships with
+    /// The model as `tune` ranks with it: the network plus the trees it ships with
     /// (`NAME.ensemble.json.gz`, fitted on its training tasks); `None` for a network alone.
     pub ensemble: Option<Metrics>,
     /// Each task's top-1 pick (by the ensemble where there is one) beside its best, with its
@@ -744,10 +824,15 @@ fn plot(
 mod tests {
     use super::*;
 
-    fn validation(pretrained: f64, fine_tuned: f64, scratch: f64) -> TransferValidation {
-        let m = |pairwise_accuracy| Metrics {
-            pairwise_accuracy,
-            ..Metrics::default()
+    fn validation(
+        pretrained: f64,
+        fine_tuned: f64,
+        ensemble: Option<f64>,
+        scratch: f64,
+    ) -> TransferValidation {
+        let m = |criterion| TransferScore {
+            criterion,
+            metrics: Metrics::default(),
         };
         TransferValidation {
             fit_records: 8,
@@ -755,31 +840,47 @@ mod tests {
             validation_tasks: 2,
             pretrained: m(pretrained),
             fine_tuned: m(fine_tuned),
+            fine_tuned_ensemble: ensemble.map(m),
             scratch: m(scratch),
         }
     }
 
     #[test]
     fn a_transfer_keeps_the_pretrained_model_unless_training_beats_it_on_the_shots() {
+        let choose = |p, f, e, s| choose_transfer(Some(&validation(p, f, e, s)));
         assert_eq!(choose_transfer(None), "pretrained");
-        assert_eq!(
-            choose_transfer(Some(&validation(0.7, 0.8, 0.6))),
-            "fine-tuned"
-        );
+        assert_eq!(choose(0.7, 0.8, None, 0.6), "fine-tuned");
         // Fine-tuning that hurts on the validation tasks is dropped.
-        assert_eq!(
-            choose_transfer(Some(&validation(0.7, 0.6, 0.5))),
-            "pretrained"
-        );
+        assert_eq!(choose(0.7, 0.6, None, 0.5), "pretrained");
         // A tie keeps what was there.
-        assert_eq!(
-            choose_transfer(Some(&validation(0.7, 0.7, 0.7))),
-            "pretrained"
-        );
-        assert_eq!(choose_transfer(Some(&validation(0.6, 0.7, 0.8))), "scratch");
-        assert_eq!(
-            choose_transfer(Some(&validation(0.8, 0.6, 0.7))),
-            "pretrained"
-        );
+        assert_eq!(choose(0.7, 0.7, Some(0.7), 0.7), "pretrained");
+        assert_eq!(choose(0.6, 0.7, None, 0.8), "scratch");
+        assert_eq!(choose(0.8, 0.6, Some(0.75), 0.7), "pretrained");
+        // Trees fitted on the shots beside the fine-tuned network.
+        assert_eq!(choose(0.6, 0.7, Some(0.75), 0.72), "fine-tuned+ensemble");
+        assert_eq!(choose(0.6, 0.7, Some(0.69), 0.65), "fine-tuned");
+    }
+
+    #[test]
+    fn the_transfer_criterion_weighs_top_k_beside_the_pairwise_order() {
+        // Two tasks of five candidates (scores: higher is faster). Ranking A orders 9 of 10
+        // pairs but picks a candidate 10x slower than the best first; ranking B picks the
+        // best first and orders only 4 pairs.
+        let task = |predicted: [f64; 5]| Ranked {
+            predicted: predicted.to_vec(),
+            latency: vec![1.0, 10.0, 11.0, 12.0, 13.0],
+            weight: 1.0,
+        };
+        let a = [
+            task([4.0, 5.0, 3.0, 2.0, 1.0]),
+            task([4.0, 5.0, 3.0, 2.0, 1.0]),
+        ];
+        let b = [
+            task([5.0, 1.0, 2.0, 3.0, 4.0]),
+            task([5.0, 1.0, 2.0, 3.0, 4.0]),
+        ];
+        let (a, b) = (TransferScore::of(&a), TransferScore::of(&b));
+        assert!(a.metrics.pairwise_accuracy > b.metrics.pairwise_accuracy);
+        assert!(a.criterion < b.criterion, "{a:?} against {b:?}");
     }
 }

@@ -42,6 +42,11 @@ pub struct RemeasureOptions {
     /// generator builds of their trace (records without a digest are never selected by it).
     #[cfg_attr(feature = "clap", arg(long))]
     pub changed: bool,
+    /// Only records cut short after their checked run: measured by one cold call, before a
+    /// warm run had to confirm it (a fast kernel with a large static packed buffer paid for
+    /// its first touch and was cut).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub cut_short: bool,
     /// Only the tasks of these networks, comma separated.
     #[cfg_attr(feature = "clap", arg(long = "network", value_delimiter = ','))]
     pub networks: Vec<String>,
@@ -106,11 +111,14 @@ const BATCH: usize = 16;
 /// Selects records of `o.dataset` and measures them again on this CPU, appending the new
 /// records to `o.out` (default: the dataset).
 pub fn remeasure(o: &RemeasureOptions, progress: &mut dyn Progress) -> Result<RemeasureReport> {
-    let selecting =
-        o.before.is_some() || o.source_contains.is_some() || o.changed || !o.networks.is_empty();
+    let selecting = o.before.is_some()
+        || o.source_contains.is_some()
+        || o.changed
+        || o.cut_short
+        || !o.networks.is_empty();
     if !selecting && !o.all {
         bail!(
-            "name what to measure again: --before TIME, --source-contains TEXT, --changed or --network; or --all for every record"
+            "name what to measure again: --before TIME, --source-contains TEXT, --changed, --cut-short or --network; or --all for every record"
         );
     }
     if let Some(t) = o.before
@@ -156,6 +164,9 @@ pub fn remeasure(o: &RemeasureOptions, progress: &mut dyn Progress) -> Result<Re
             continue;
         }
         if !r.target.starts_with("cpu") {
+            continue;
+        }
+        if o.cut_short && !r.result.as_ref().is_ok_and(|m| m.cut_short) {
             continue;
         }
         if (o.changed || o.source_contains.is_some()) && !code_selects(o, &measurer, r)? {

@@ -106,7 +106,7 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
         saved.config().prior,
         "the prior flag is saved with the model"
     );
-    // The trees and ridge of the ensemble, fitted on the training tasks, ship beside it.
+    // The trees of the ensemble, fitted on the training tasks, ship beside it.
     assert_eq!(
         trained.saved_ensemble.as_deref(),
         Some(dir.join("m/model.ensemble.json.gz").as_path())
@@ -166,6 +166,9 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
     // The shots come from one task: nothing to validate a fine-tuning on, so the pretrained
     // weights are what is saved.
     assert!(transfer.validation.is_none());
+    // Trees were fitted on the shots and scored on the test task, but without
+    // validation they are not kept either.
+    assert!(transfer.fine_tuned_ensemble.is_some() && transfer.saved_ensemble.is_none());
     assert_eq!(transfer.chosen, "pretrained");
     assert_eq!(transfer.after.model, transfer.before.model);
 }
@@ -259,6 +262,28 @@ fn remeasure_supersedes_the_chosen_records_and_resumes() {
     assert_eq!(all.selected, 6);
     let none = tessel::remeasure(&text_of("no such text"), &mut NoProgress).unwrap();
     assert_eq!(none.selected, 0);
+    // Selecting the records cut short after their checked run: exactly those saying so.
+    let cut = RemeasureOptions {
+        cut_short: true,
+        dry_run: true,
+        ..options("re.jsonl")
+    };
+    let cut_in_data = text.matches(r#""cut_short":true"#).count();
+    let r = tessel::remeasure(&cut, &mut NoProgress).unwrap();
+    assert_eq!(r.selected, cut_in_data);
+    let forged_cut = dir.join("forged-cut.jsonl");
+    let marked = first.replacen(r#""max_error""#, r#""cut_short":true,"max_error""#, 1);
+    assert_ne!(marked, first);
+    std::fs::write(&forged_cut, format!("{marked}\n")).unwrap();
+    let r = tessel::remeasure(
+        &RemeasureOptions {
+            dataset: forged_cut,
+            ..cut.clone()
+        },
+        &mut NoProgress,
+    )
+    .unwrap();
+    assert_eq!(r.selected, 1);
 
     // Everything measured before now, measured again; a rerun has nothing left to do (the
     // new records are later).
