@@ -380,8 +380,8 @@ pub fn transfer(r: &TransferReport) {
     match &r.validation {
         Some(v) => {
             println!(
-                "validation on the shots ({} records of {} tasks; the others trained on {} records):",
-                v.validation_records, v.validation_tasks, v.fit_records
+                "validation on the shots, two folds ({} records of {} tasks, {} pairs, each ranked by candidates trained on the other half, {} records):",
+                v.validation_records, v.validation_tasks, v.validation_pairs, v.fit_records
             );
             println!("                       criterion  top-1  pairwise");
             let rows = [
@@ -402,6 +402,12 @@ pub fn transfer(r: &TransferReport) {
             println!(
                 "  (criterion: the mean of the per-task top-1 and top-5 ratios and the pairwise accuracy)"
             );
+            if v.validation_pairs < tessel::MIN_VALIDATION_PAIRS {
+                println!(
+                    "  (under {} pairs: too little to leave the pretrained model on)",
+                    tessel::MIN_VALIDATION_PAIRS
+                );
+            }
         }
         None => {
             println!("no validation possible on the shots (fewer than two tasks of two records)")

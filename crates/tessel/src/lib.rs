@@ -67,9 +67,9 @@ pub use error::{Context, Error, Result};
 pub use export::{ExportOptions, ExportReport, ExportedKernel, export};
 pub use heldout::{HeldOutOptions, HeldOutReport, NetworkScores, Scores, TEST_NETWORKS, held_out};
 pub use learn::{
-    Architecture, EvalOptions, EvalReport, HELD_OUT_NETWORKS, PretrainOptions, PretrainReport,
-    SHIPPED_DATASETS, TaskPick, TransferOptions, TransferReport, eval, load_model, pretrain,
-    transfer,
+    Architecture, EvalOptions, EvalReport, HELD_OUT_NETWORKS, MIN_VALIDATION_PAIRS,
+    PretrainOptions, PretrainReport, SHIPPED_DATASETS, TaskPick, TransferOptions, TransferReport,
+    eval, load_model, pretrain, transfer,
 };
 pub use measure::{MeasureOptions, MeasureReport, generated_c, measure, schedule_of};
 pub use progress::{NoProgress, Notes, Progress};
