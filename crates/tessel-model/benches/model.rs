@@ -1,6 +1,6 @@
 //! Model speed: inference programs per second on all cores (goal: 20,000 on 2 cores) with the
-//! default architecture on real allocation features, the network alone and with the trees and
-//! ridge it ships with (the ensemble `tune` ranks by), and training throughput.
+//! default architecture on real allocation features, the network alone and with the trees it
+//! ships with (the ensemble `tune` ranks by), and training throughput.
 //!
 //! `cargo bench -p tessel-model` (add `-- --json` for one JSON line).
 
