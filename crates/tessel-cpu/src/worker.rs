@@ -283,8 +283,8 @@ impl State {
 }
 
 /// A checked run past its budget but shorter than this is run once more, warm, before the
-/// kernel is cut short ([`tessel_measure::worker::LONG_RUN_S`]: longer runs are whole measurements
-/// anyway). Two such runs fit the parent's shortest deadline (half a second).
+/// kernel is cut short ([`tessel_measure::worker::LONG_RUN_S`]: longer runs are whole
+/// measurements anyway). Two such runs fit the parent's shortest deadline (half a second).
 const CONFIRM_BELOW_S: f64 = tessel_measure::worker::LONG_RUN_S;
 
 /// The timed runs of a checked kernel: warm-up, then runs until the timing options are met, on

@@ -12,10 +12,11 @@
 //! raised `eval`'s top-1 on the test networks from 0.651 to 0.714 (top-5 0.878 to 0.847,
 //! pairwise 0.849 to 0.853), and on int8 records after a transfer from 0.24 to 0.72: a
 //! linear model on pooled features was confidently wrong on the heaviest tasks, where top-1
-//! is decided. Files written with it still load; its part is not read. The companions live in `NAME.ensemble.json.gz` (JSON,
-//! gzip-compressed: 200 trees are megabytes of text) beside `NAME.json` and
-//! `NAME.safetensors`; [`crate::Model::load`] reads them when the file is there, and
-//! [`crate::Model::predict_ranking`] uses them.
+//! is decided. Files written with it still load; its part is not read.
+//!
+//! The companions live in `NAME.ensemble.json.gz` (JSON, gzip-compressed: 200 trees are
+//! megabytes of text) beside `NAME.json` and `NAME.safetensors`; [`crate::Model::load`]
+//! reads them when the file is there, and [`crate::Model::predict_ranking`] uses them.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
