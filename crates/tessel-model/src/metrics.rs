@@ -59,6 +59,15 @@ pub fn top_k_task_mean(tasks: &[Ranked], k: usize) -> f64 {
     }
 }
 
+/// The figure that picks among rankings of one validation set (early stopping's epoch,
+/// transfer's candidate): the mean of the per-task top-1 and top-5 ratios and the pairwise
+/// accuracy (`m`, the same tasks' [`evaluate`]). The latency-weighted top-k scores swing with
+/// the one heaviest task (0.29 to 0.74 between epochs on 23 tasks); per-task means do not,
+/// and top-k counts beside the pairwise order.
+pub fn selection_criterion(tasks: &[Ranked], m: &Metrics) -> f64 {
+    (top_k_task_mean(tasks, 1) + top_k_task_mean(tasks, 5) + m.pairwise_accuracy) / 3.0
+}
+
 /// A task's best latency and the best among the ranking's k highest-scored candidates
 /// (`None` for a task without candidates).
 pub fn best_and_chosen(t: &Ranked, k: usize) -> Option<(f64, f64)> {

@@ -421,18 +421,13 @@ pub fn train(
             programs_per_s: programs as f64 / elapsed.max(1e-9),
         };
         on_epoch(&e);
-        // Validation criterion: the mean of the per-task top-1 and top-5 ratios and the
-        // pairwise accuracy. The latency-weighted top-k scores swing with the one heaviest
-        // validation task (0.29 to 0.74 between epochs on 23 tasks); per-task means do not.
-        // Without a split, the last epoch is kept.
+        // Validation criterion: `metrics::selection_criterion`. Without a split, the last
+        // epoch is kept.
         let criterion = ranked
             .as_deref()
             .zip(val)
             .map_or(epoch as f64, |(tasks, m)| {
-                (metrics::top_k_task_mean(tasks, 1)
-                    + metrics::top_k_task_mean(tasks, 5)
-                    + m.pairwise_accuracy)
-                    / 3.0
+                metrics::selection_criterion(tasks, &m)
             });
         report.epochs.push(e);
         if best.as_ref().is_none_or(|(b, _)| criterion > *b) {
@@ -467,12 +462,28 @@ pub struct Comparison {
 }
 
 pub fn compare(model: &mut Model, train: &Dataset, test: &Dataset, seed: u64) -> Comparison {
+    compare_with_trees(model, train, test, seed, None)
+}
+
+/// [`compare`], its trees column from `trees` where given: companions fitted on `train` with
+/// `seed` ([`Model::fit_companions`]), the very fit [`gbt_rank`] would repeat.
+pub fn compare_with_trees(
+    model: &mut Model,
+    train: &Dataset,
+    test: &Dataset,
+    seed: u64,
+    trees: Option<&Companions>,
+) -> Comparison {
     let ranked = rank(model, test);
+    let gbt = match trees {
+        Some(c) => companion_ranks(c, test),
+        None => gbt_rank(train, test, seed),
+    };
     Comparison {
         model: metrics::evaluate(&ranked),
         random: metrics::random_baseline(&ranked, 20, seed),
         ridge: metrics::evaluate(&ridge_rank(train, test)),
-        gbt: metrics::evaluate(&gbt_rank(train, test, seed)),
+        gbt: metrics::evaluate(&gbt),
         roofline: metrics::evaluate(&roofline_rank(test)),
     }
 }

@@ -545,6 +545,14 @@ fn the_ensemble_ships_beside_the_model_and_ranks_what_the_network_alone_cannot()
         "ensemble {ensemble:?}, network {network:?}"
     );
 
+    // The trees column of a comparison can come from the companions: the same fit as the
+    // one `compare` makes, so the same figures.
+    let c = model.companions.clone().expect("fitted");
+    let fitted_again = tessel_model::train::compare(&mut model, &train_set, &test_set, 1);
+    let reused =
+        tessel_model::train::compare_with_trees(&mut model, &train_set, &test_set, 1, Some(&c));
+    assert_eq!(fitted_again.gbt, reused.gbt);
+
     // Saved and loaded: the same scores, bit for bit.
     let path = dir.join("m");
     model.save(&path).unwrap();

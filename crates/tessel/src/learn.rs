@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use tessel_features::WIDTH;
 use tessel_model::train::{
-    Comparison, Trainable, compare, gbt_rank, rank, rank_ensemble, ridge_rank, roofline_rank,
-    split_tasks, transfer_options,
+    Comparison, Trainable, compare_with_trees, gbt_rank, rank, rank_ensemble, ridge_rank,
+    roofline_rank, split_tasks, transfer_options,
 };
 use tessel_model::{
     Companions, Dataset, Loss, Metrics, Model, ModelConfig, Ranked, Sample, TrainOptions,
@@ -202,25 +202,24 @@ pub fn pretrain(o: &PretrainOptions, progress: &mut dyn Progress) -> Result<Pret
     })?;
     progress.finish();
     let (train_ids, val_ids) = split_tasks(data.tasks.len(), o.val_fraction, o.seed);
-    let validation = (!val_ids.is_empty()).then(|| {
-        compare(
-            &mut model,
-            &data.subset(&train_ids),
-            &data.subset(&val_ids),
-            o.seed,
-        )
-    });
-    let mut validation_ensemble = None;
     if !o.no_ensemble {
         // Fitted on the network's training tasks only, so validation stays unseen.
         progress.note("fitting the ensemble's gradient-boosted trees");
         model.fit_companions(&data.subset(&train_ids), o.seed)?;
-        if !val_ids.is_empty() {
-            let val_set = data.subset(&val_ids);
-            let ranked = rank_ensemble(&mut model, &val_set);
-            validation_ensemble = Some(metrics::evaluate(&ranked));
-        }
     }
+    // The validation's trees column is the ensemble's trees where they were fitted.
+    let trees = model.companions.clone();
+    let validation = (!val_ids.is_empty()).then(|| {
+        compare_with_trees(
+            &mut model,
+            &data.subset(&train_ids),
+            &data.subset(&val_ids),
+            o.seed,
+            trees.as_deref(),
+        )
+    });
+    let validation_ensemble = (trees.is_some() && !val_ids.is_empty())
+        .then(|| metrics::evaluate(&rank_ensemble(&mut model, &data.subset(&val_ids))));
     model.info.provenance = serde_json::json!({
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "data": o.data.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
@@ -338,9 +337,8 @@ pub struct TransferValidation {
 /// the usual figures.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct TransferScore {
-    /// The mean of the per-task top-1 ratio, the per-task top-5 ratio and the pairwise
-    /// accuracy (what early stopping compares too): each task counts the same, so one heavy
-    /// validation task does not decide, and top-k counts beside the pairwise order.
+    /// `metrics::selection_criterion`, what early stopping compares too: the mean of the
+    /// per-task top-1 ratio, the per-task top-5 ratio and the pairwise accuracy.
     pub criterion: f64,
     pub metrics: Metrics,
 }
@@ -349,10 +347,7 @@ impl TransferScore {
     fn of(ranked: &[Ranked]) -> TransferScore {
         let metrics = metrics::evaluate(ranked);
         TransferScore {
-            criterion: (metrics::top_k_task_mean(ranked, 1)
-                + metrics::top_k_task_mean(ranked, 5)
-                + metrics.pairwise_accuracy)
-                / 3.0,
+            criterion: metrics::selection_criterion(ranked, &metrics),
             metrics,
         }
     }
@@ -391,13 +386,6 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
     };
     let fine_opts = transfer_options(trainable, &pre);
     progress.start("models", 6);
-    // The baselines (ridge and trees on the shots, roofline, random) are the same for every
-    // model: fitted once.
-    let before = compare(&mut model, &shots, &test, o.seed);
-    let on_test = |m: &mut Model| Comparison {
-        model: metrics::evaluate(&rank(m, &test)),
-        ..before
-    };
     // Fine-tuning can make a model worse (TenSet's users saw transfer slow ResNet-50 down on
     // a new device). Which candidate to keep is decided on the shots alone: half of their
     // tasks train, the other half validate, and the other way round. The test tasks are
@@ -409,9 +397,17 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
     if !shots.samples.is_empty() {
         train(&mut fine, &shots, &fine_opts, &mut |_| {})?;
     }
-    let fine_tuned = on_test(&mut fine);
     progress.update(4, "trees on the shots");
     let mut fine_ensemble = fit_on_shots(&fine, &shots, o.seed)?;
+    // The baselines (ridge and trees on the shots, roofline, random) are the same for every
+    // model: fitted once, the trees being the ensemble's where they were fitted.
+    let trees = fine_ensemble.as_ref().and_then(|m| m.companions.clone());
+    let before = compare_with_trees(&mut model, &shots, &test, o.seed, trees.as_deref());
+    let on_test = |m: &mut Model| Comparison {
+        model: metrics::evaluate(&rank(m, &test)),
+        ..before
+    };
+    let fine_tuned = on_test(&mut fine);
     let fine_tuned_ensemble = fine_ensemble
         .as_mut()
         .map(|m| metrics::evaluate(&rank_ensemble(m, &test)));
