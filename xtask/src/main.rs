@@ -125,6 +125,14 @@ enum Command {
         #[command(flatten)]
         json: Json,
     },
+    /// Fits a trained model's ensemble trees again on the records `pretrain` selected,
+    /// keeping its network; replaces them when its validation tasks rank at least as well.
+    RefitTrees {
+        #[command(flatten)]
+        opts: tessel::RefitOptions,
+        #[command(flatten)]
+        json: Json,
+    },
     /// Fine-tunes a model on K records of new data; reports before, after and from scratch.
     Transfer {
         #[command(flatten)]
@@ -317,6 +325,10 @@ fn run(cli: Cli) -> Result<()> {
         Command::Pretrain { opts, json } => {
             let report = tessel::pretrain(&opts, &mut Bar::new(!json.json))?;
             json.show(&report, print::pretrain)?;
+        }
+        Command::RefitTrees { opts, json } => {
+            let report = tessel::refit_trees(&opts, &mut Bar::new(!json.json))?;
+            json.show(&report, print::refit_trees)?;
         }
         Command::Transfer { opts, json } => {
             let report = tessel::transfer(&opts, &mut Bar::new(!json.json))?;

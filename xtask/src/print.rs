@@ -359,9 +359,60 @@ pub fn pretrain(r: &PretrainReport) {
             r.validation_ensemble.as_ref(),
         );
     }
+    if let Some(m) = &r.ensemble_mix {
+        mix("ensemble", m);
+    }
     println!("saved {} and {}", r.saved.0.display(), r.saved.1.display());
     if let Some(p) = &r.saved_ensemble {
         println!("saved {} (the trees of the ensemble)", p.display());
+    }
+}
+
+/// The trees' share an ensemble kept, and the criterion of every share tried.
+fn mix(what: &str, m: &tessel::model::ensemble::MixChoice) {
+    let tried: Vec<String> = m
+        .tried
+        .iter()
+        .map(|(share, c)| format!("{share:.1}:{c:.3}"))
+        .collect();
+    println!(
+        "{what}: the trees' share {:.1}, chosen on {} validation tasks ({} records) among share:criterion {}",
+        m.tree_share,
+        m.tasks,
+        m.records,
+        tried.join(" ")
+    );
+}
+
+pub fn refit_trees(r: &tessel::RefitReport) {
+    println!(
+        "{} records of {} tasks; trees fitted on {} records, judged on {} validation tasks",
+        r.records, r.tasks, r.fit_records, r.validation_tasks
+    );
+    println!(
+        "  {:<16} {:>6} {:>6} {:>9} {:>10}",
+        "", "top-1", "top-5", "pairwise", "criterion"
+    );
+    let row = |name: &str, m: &tessel::model::Metrics, c: Option<f64>| {
+        let c = c.map_or("-".to_string(), |c| format!("{c:.3}"));
+        println!(
+            "  {:<16} {:>6.3} {:>6.3} {:>9.3} {:>10}",
+            name, m.top1, m.top5, m.pairwise_accuracy, c
+        );
+    };
+    row("network alone", &r.network, None);
+    if let Some(m) = &r.before {
+        row("with old trees", m, r.before_criterion);
+    }
+    row("with new trees", &r.after, Some(r.after_criterion));
+    mix("new trees", &r.mix);
+    if r.replaced {
+        println!("saved {} (the new trees)", r.ensemble.display());
+    } else {
+        println!(
+            "kept {}: the old trees rank the validation tasks better (--force replaces them)",
+            r.ensemble.display()
+        );
     }
 }
 
@@ -482,6 +533,7 @@ pub fn held_out(r: &tessel::HeldOutReport) {
         r.test_records,
         r.test_tasks
     );
+    mix("ensemble", &r.ensemble_mix);
     // One line: the network, its tasks, then a 17-wide cell per ranker.
     let line = |network: &str, tasks: &str, cells: &[String]| {
         let cells: Vec<String> = cells.iter().map(|c| format!("{c:>17}")).collect();

@@ -83,9 +83,72 @@ fn gpu_model_targets_run_the_whole_pipeline() {
         "--epochs",
         "2",
     ];
-    let mut args = vec!["pretrain", "--data", "a100.jsonl", "--out", "m/a100"];
+    let mut args = vec![
+        "pretrain",
+        "--data",
+        "a100.jsonl",
+        "--out",
+        "m/a100",
+        "--json",
+    ];
     args.extend(small);
-    run(&args, &dir);
+    let text = run(&args, &dir);
+    let report: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    // The ensemble's mix of network and trees was chosen on the validation tasks.
+    let share = report["ensemble_mix"]["tree_share"].as_f64();
+    assert!(share.is_some_and(|s| (0.0..=1.0).contains(&s)), "{report}");
+
+    // The trees fitted again beside the same network: replaced only when the validation
+    // ranks at least as well (or `--force`), judged against the old ones.
+    let refit = |extra: &[&str]| {
+        let mut args = vec![
+            "refit-trees",
+            "--model",
+            "m/a100",
+            "--data",
+            "a100.jsonl",
+            "--json",
+        ];
+        args.extend(extra);
+        let text = run(&args, &dir);
+        serde_json::from_str::<serde_json::Value>(text.lines().last().unwrap()).unwrap()
+    };
+    let before = std::fs::read(dir.join("m/a100.safetensors")).unwrap();
+    let report = refit(&[]);
+    assert_eq!(
+        report["mix"]["tried"].as_array().map(Vec::len),
+        Some(11),
+        "{report}"
+    );
+    let (old, new) = (
+        report["before_criterion"].as_f64(),
+        report["after_criterion"].as_f64(),
+    );
+    assert_eq!(report["replaced"].as_bool(), Some(new >= old), "{report}");
+    assert_eq!(refit(&["--force"])["replaced"], true);
+    // The network is untouched.
+    assert_eq!(
+        std::fs::read(dir.join("m/a100.safetensors")).unwrap(),
+        before
+    );
+    let err = fails(
+        &["refit-trees", "--model", "m/none", "--data", "a100.jsonl"],
+        &dir,
+    );
+    assert!(err.contains("m/none.json"), "{err}");
+    let err = fails(
+        &[
+            "refit-trees",
+            "--model",
+            "m/a100",
+            "--data",
+            "a100.jsonl",
+            "--val-fraction",
+            "0",
+        ],
+        &dir,
+    );
+    assert!(err.contains("val-fraction 0"), "{err}");
     let text = run(
         &[
             "transfer", "--model", "m/a100", "--data", "l4.jsonl", "--shots", "24", "--out",

@@ -14,6 +14,10 @@
 //! linear model on pooled features was confidently wrong on the heaviest tasks, where top-1
 //! is decided. Files written with it still load; its part is not read.
 //!
+//! The trees see grouped rows ([`crate::rows`]) since 2026-12-05's thirteenth session; a
+//! file records which rows its trees were fitted on, and files without that field were
+//! fitted on pooled rows, which they keep getting.
+//!
 //! The companions live in `NAME.ensemble.json.gz` (JSON, gzip-compressed: 200 trees are
 //! megabytes of text) beside `NAME.json` and `NAME.safetensors`; [`crate::Model::load`]
 //! reads them when the file is there, and [`crate::Model::predict_ranking`] uses them.
@@ -28,16 +32,21 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::gbt::Gbt;
-use crate::metrics::pooled;
-use crate::train::{log_labels, pooled_rows};
+use crate::metrics;
+use crate::rows::RowKind;
+use crate::train::{TREE_ROWS, by_task, log_labels, tree_rows, tree_weights};
 use crate::{Dataset, ModelError};
 
 /// The trees fitted beside a model, and the scales that weigh the two.
 pub struct Companions {
     pub trees: Gbt,
+    /// The rows the trees were fitted on ([`crate::rows`]).
+    pub rows: RowKind,
     /// Within-task spread of the network's and the trees' scores on the training records:
     /// each part is divided by its own before they are summed.
     pub scales: Scales,
+    /// What each part counts once divided by its spread.
+    pub weights: Weights,
     /// Records and tasks they were fitted on.
     pub records: usize,
     pub tasks: usize,
@@ -49,13 +58,64 @@ pub struct Scales {
     pub trees: f64,
 }
 
+/// What the network's and the trees' parts count in the sum, once divided by their spreads.
+/// `pretrain` chooses them on its validation tasks ([`Companions::choose_mix`]); files
+/// written before count both alike.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Weights {
+    pub model: f64,
+    pub trees: f64,
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Weights::from_tree_share(0.5)
+    }
+}
+
+impl Weights {
+    /// The weights that give the trees `share` of the sum (0: the network alone, 1: the
+    /// trees alone); a share of 0.5 weighs both 1, as files without weights do.
+    pub fn from_tree_share(share: f64) -> Weights {
+        Weights {
+            model: 2.0 * (1.0 - share),
+            trees: 2.0 * share,
+        }
+    }
+
+    /// The trees' share of the sum.
+    pub fn tree_share(&self) -> f64 {
+        self.trees / (self.model + self.trees)
+    }
+}
+
+/// The trees' shares [`Companions::choose_mix`] tries.
+pub const TREE_SHARES: [f64; 11] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
+
+/// How the mix was chosen: every share tried with its selection criterion on the
+/// validation tasks ([`crate::metrics::selection_criterion`]), and the share kept.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct MixChoice {
+    pub tree_share: f64,
+    pub tried: Vec<(f64, f64)>,
+    /// Validation tasks and records it was judged on.
+    pub tasks: usize,
+    pub records: usize,
+}
+
 #[derive(Serialize, Deserialize)]
 struct File {
     format: String,
     width: usize,
     scales: Scales,
+    /// Absent in files written before the mix was chosen: both parts alike.
+    #[serde(default)]
+    weights: Weights,
     records: usize,
     tasks: usize,
+    /// Absent in files written before grouped rows: those were fitted on pooled rows.
+    #[serde(default)]
+    rows: RowKind,
     trees: serde_json::Value,
 }
 
@@ -65,7 +125,8 @@ const FORMAT: &str = "tessel-ensemble";
 const MAX_INFLATED: u64 = 256 << 20;
 
 impl Companions {
-    /// Fits the trees on `data` (log relative throughput from pooled features) and the scales
+    /// Fits the trees on `data` (log relative throughput from the rows of [`TREE_ROWS`],
+    /// weighted by relative throughput) and the scales
     /// from their scores and the network's (`model_scores`, one per sample).
     pub fn fit(data: &Dataset, model_scores: &[f32], seed: u64) -> Result<Companions, ModelError> {
         if model_scores.len() != data.samples.len() {
@@ -75,8 +136,8 @@ impl Companions {
                 data.samples.len()
             )));
         }
-        let (rows, labels) = (pooled_rows(data), log_labels(data));
-        let trees = Gbt::fit(&rows, &labels, seed)?;
+        let (rows, labels) = (tree_rows(data, TREE_ROWS), log_labels(data));
+        let trees = Gbt::fit(&rows, &labels, Some(&tree_weights(data)), seed)?;
         let tree_scores = trees.predict(&rows);
         // A program the network could not score (`f32::MIN`) says nothing about its spread.
         let model_scores: Vec<f64> = model_scores
@@ -89,7 +150,9 @@ impl Companions {
         };
         Ok(Companions {
             trees,
+            rows: TREE_ROWS,
             scales,
+            weights: Weights::default(),
             records: data.samples.len(),
             tasks: data.tasks.len(),
         })
@@ -98,19 +161,69 @@ impl Companions {
     /// Ensemble scores for programs given by the network's scores and their raw tokens.
     /// Programs the network could not score (`f32::MIN`) keep that score.
     pub fn scores(&self, model_scores: &[f32], tokens: &[&[f32]], width: usize) -> Vec<f32> {
-        let rows: Vec<Vec<f64>> = tokens.par_iter().map(|t| pooled(t, width)).collect();
+        let rows: Vec<Vec<f64>> = tokens.par_iter().map(|t| self.rows.row(t, width)).collect();
         let trees = self.trees.predict(&rows);
         model_scores
             .par_iter()
             .zip(trees)
-            .map(|(&m, t)| {
-                if m == f32::MIN {
-                    return m;
-                }
-                let s = m as f64 / self.scales.model + t / self.scales.trees;
-                if s.is_finite() { s as f32 } else { f32::MIN }
-            })
+            .map(|(&m, t)| self.combine(m, t, self.weights))
             .collect()
+    }
+
+    /// One program's ensemble score from the network's and the trees' scores.
+    fn combine(&self, model: f32, trees: f64, w: Weights) -> f32 {
+        if model == f32::MIN {
+            return model;
+        }
+        let s = w.model * model as f64 / self.scales.model + w.trees * trees / self.scales.trees;
+        if s.is_finite() { s as f32 } else { f32::MIN }
+    }
+
+    /// Chooses the weights on `val` (tasks neither part was fitted on; `model_scores` the
+    /// network's score of each record): the trees' share among [`TREE_SHARES`] whose
+    /// ranking scores best by the criterion early stopping uses, ties going to the share
+    /// nearer an even mix. `val` without records keeps the weights.
+    pub fn choose_mix(
+        &mut self,
+        val: &Dataset,
+        model_scores: &[f32],
+    ) -> Result<MixChoice, ModelError> {
+        if model_scores.len() != val.samples.len() {
+            return Err(ModelError::Data(format!(
+                "{} model scores for {} validation records",
+                model_scores.len(),
+                val.samples.len()
+            )));
+        }
+        let trees = self.trees.predict(&tree_rows(val, self.rows));
+        let mut tried = Vec::new();
+        for share in TREE_SHARES {
+            let w = Weights::from_tree_share(share);
+            let scores = model_scores
+                .iter()
+                .zip(&trees)
+                .map(|(&m, &t)| self.combine(m, t, w) as f64);
+            let ranked = by_task(val, scores);
+            let m = metrics::evaluate(&ranked);
+            tried.push((share, metrics::selection_criterion(&ranked, &m)));
+        }
+        let best = tried
+            .iter()
+            .copied()
+            .filter(|(_, c)| c.is_finite())
+            .max_by(|a, b| {
+                a.1.total_cmp(&b.1)
+                    .then((b.0 - 0.5).abs().total_cmp(&(a.0 - 0.5).abs()))
+            });
+        if let Some((share, _)) = best.filter(|_| !val.samples.is_empty()) {
+            self.weights = Weights::from_tree_share(share);
+        }
+        Ok(MixChoice {
+            tree_share: self.weights.tree_share(),
+            tried,
+            tasks: val.tasks.len(),
+            records: val.samples.len(),
+        })
     }
 
     /// Where the companions of the model at `path` live (`m/model` ->
@@ -128,6 +241,8 @@ impl Companions {
             scales: self.scales,
             records: self.records,
             tasks: self.tasks,
+            rows: self.rows,
+            weights: self.weights,
             trees: self.trees.to_json()?,
         };
         let text = serde_json::to_vec(&file).map_err(|e| ModelError::Format {
@@ -181,17 +296,28 @@ impl Companions {
                 file.width
             )));
         }
-        let columns = 2 * width;
+        let columns = file.rows.len(width);
         let trees = Gbt::from_json(&file.trees).map_err(format)?;
         if trees.columns() != columns {
             return Err(format(format!(
-                "trees take {} columns, the pooled features have {columns}",
-                trees.columns()
+                "trees take {} columns, the {:?} rows of {width}-column features have {columns}",
+                trees.columns(),
+                file.rows
             )));
         }
         let s = file.scales;
         if ![s.model, s.trees].iter().all(|v| v.is_finite() && *v > 0.0) {
             return Err(format(format!("scales {s:?} must be positive numbers")));
+        }
+        let w = file.weights;
+        if ![w.model, w.trees]
+            .iter()
+            .all(|v| v.is_finite() && *v >= 0.0)
+            || w.model + w.trees <= 0.0
+        {
+            return Err(format(format!(
+                "weights {w:?} must be numbers of at least 0, not both 0"
+            )));
         }
         // A booster that parses but cannot predict (a tree pointing past its nodes) must fail
         // here, not in the middle of a search.
@@ -204,7 +330,9 @@ impl Companions {
         }
         Ok(Some(Companions {
             trees,
+            rows: file.rows,
             scales: s,
+            weights: w,
             records: file.records,
             tasks: file.tasks,
         }))

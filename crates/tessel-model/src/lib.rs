@@ -40,6 +40,7 @@ pub mod fused;
 pub mod gbt;
 pub mod metrics;
 pub mod net;
+pub mod rows;
 pub mod train;
 
 use std::collections::HashMap;
@@ -327,6 +328,22 @@ impl Model {
         let companions = Companions::fit(data, &scores, seed)?;
         self.companions = Some(std::sync::Arc::new(companions));
         Ok(())
+    }
+
+    /// [`Model::fit_companions`] on `train`, then the mix of the two parts chosen on `val`
+    /// (tasks neither was fitted on; [`Companions::choose_mix`]).
+    pub fn fit_companions_judged(
+        &mut self,
+        train: &Dataset,
+        val: &Dataset,
+        seed: u64,
+    ) -> Result<ensemble::MixChoice, ModelError> {
+        let scores = self.predict(&train::sample_tokens(train));
+        let mut companions = Companions::fit(train, &scores, seed)?;
+        let scores = self.predict(&train::sample_tokens(val));
+        let choice = companions.choose_mix(val, &scores)?;
+        self.companions = Some(std::sync::Arc::new(companions));
+        Ok(choice)
     }
 
     /// The scores a search ranks by: the network's ([`Model::predict`]) plus, where the model

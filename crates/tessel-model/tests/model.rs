@@ -583,6 +583,44 @@ fn the_ensemble_ships_beside_the_model_and_ranks_what_the_network_alone_cannot()
 }
 
 #[test]
+fn the_mix_is_chosen_on_validation_tasks_and_saved_with_the_trees() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("model-ensemble-mix");
+    let (train_set, val_set) = (synthetic(6, 40, 21), synthetic(4, 30, 22));
+    let mut model = Model::new(small_config(), 3).unwrap();
+    let choice = model
+        .fit_companions_judged(&train_set, &val_set, 1)
+        .unwrap();
+    // Every share was tried, and the one kept scores best.
+    assert_eq!(
+        choice.tried.len(),
+        tessel_model::ensemble::TREE_SHARES.len()
+    );
+    let best = choice.tried.iter().map(|t| t.1).fold(f64::MIN, f64::max);
+    let kept = choice
+        .tried
+        .iter()
+        .find(|t| t.0 == choice.tree_share)
+        .unwrap();
+    assert_eq!(kept.1, best);
+    // An untrained network ranks at chance; the trees learned the cost: they get more say.
+    assert!(choice.tree_share > 0.5, "{choice:?}");
+    assert_eq!((choice.tasks, choice.records), (4, 120));
+    let weights = model.companions.as_ref().unwrap().weights;
+    assert!((weights.tree_share() - choice.tree_share).abs() < 1e-12);
+
+    // The weights travel with the trees.
+    let path = dir.join("m");
+    model.save(&path).unwrap();
+    let mut loaded = Model::load(&path).unwrap();
+    assert_eq!(loaded.companions.as_ref().unwrap().weights, weights);
+    let tokens: Vec<&[f32]> = val_set.samples.iter().map(|s| &s.tokens[..]).collect();
+    assert_eq!(
+        model.predict_ranking(&tokens),
+        loaded.predict_ranking(&tokens)
+    );
+}
+
+#[test]
 fn bad_ensemble_files_are_clear_errors_not_panics() {
     use proptest::prelude::*;
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("model-ensemble-bad");
@@ -623,6 +661,14 @@ fn bad_ensemble_files_are_clear_errors_not_panics() {
             good.replacen("\"width\":8", "\"width\":9", 1),
         ),
         (
+            "an unknown kind of rows",
+            good.replacen("\"rows\":\"grouped\"", "\"rows\":\"sideways\"", 1),
+        ),
+        (
+            "negative weights",
+            good.replacen("\"weights\":{", "\"weights\":{\"model\":-1,\"was\":", 1),
+        ),
+        (
             "a zero scale",
             good.replacen(
                 "\"scales\":{\"model\":",
@@ -640,6 +686,24 @@ fn bad_ensemble_files_are_clear_errors_not_panics() {
             "{what}: {err}"
         );
     }
+    // A file written before weights were chosen counts both parts alike.
+    assert!(good.contains("\"weights\":{"));
+    let start = good.find("\"weights\":{").unwrap();
+    let end = start + good[start..].find('}').unwrap() + 2;
+    let old = load_with(&format!("{}{}", &good[..start], &good[end..])).unwrap();
+    let w = old.companions.as_ref().map(|c| c.weights);
+    assert_eq!(
+        w,
+        Some(tessel_model::ensemble::Weights {
+            model: 1.0,
+            trees: 1.0
+        })
+    );
+    // A file written before the trees' rows were named was fitted on pooled rows.
+    assert!(good.contains("\"rows\":\"grouped\","));
+    let old = load_with(&good.replacen("\"rows\":\"grouped\",", "", 1)).unwrap();
+    let rows = old.companions.as_ref().map(|c| c.rows);
+    assert_eq!(rows, Some(tessel_model::rows::RowKind::Pooled));
     // Not compressed, or cut short after compression.
     for (what, bytes) in [
         ("plain JSON", good.as_bytes().to_vec()),

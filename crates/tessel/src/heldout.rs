@@ -8,7 +8,8 @@
 use std::path::PathBuf;
 
 use serde::Serialize;
-use tessel_model::train::{companion_ranks, rank, rank_ensemble, ridge_rank, roofline_rank};
+use tessel_model::ensemble::MixChoice;
+use tessel_model::train::{gbt_rank, rank, rank_ensemble, ridge_rank, roofline_rank, split_tasks};
 use tessel_model::{Dataset, Loss, Metrics, Model, Ranked, TrainOptions, metrics, train};
 
 use crate::data::{Encoding, load_encoded, network_tasks};
@@ -129,6 +130,8 @@ pub struct HeldOutReport {
     pub best_epoch: usize,
     /// The ablation's best epoch.
     pub ablation_best_epoch: Option<usize>,
+    /// The ensemble's mix of network and trees, chosen on the model's validation tasks.
+    pub ensemble_mix: MixChoice,
 }
 
 /// Trains on every task outside the test networks, ranks each test network's tasks.
@@ -198,13 +201,17 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
     };
     let (train_set, test_set) = (data.subset(&train_ids), data.subset(&test_ids));
     let ranked = rank(&mut model, &test_set);
-    // The trees column is the ensemble's own part: one fit serves both.
+    // The ensemble as `pretrain` ships it: trees fitted on the network's training tasks,
+    // the mix chosen on its early-stopping tasks (the same split `train` made).
     progress.note("fitting gradient-boosted trees");
-    model.fit_companions(&train_set, o.seed)?;
-    let gbt = match &model.companions {
-        Some(c) => companion_ranks(c, &test_set),
-        None => bail!("the ensemble's trees were not fitted"),
-    };
+    let (fit_ids, val_ids) = split_tasks(train_set.tasks.len(), opts.val_fraction, o.seed);
+    let mix = model.fit_companions_judged(
+        &train_set.subset(&fit_ids),
+        &train_set.subset(&val_ids),
+        o.seed,
+    )?;
+    // The trees baseline sees every training task.
+    let gbt = gbt_rank(&train_set, &test_set, o.seed);
     let ridge = ridge_rank(&train_set, &test_set);
     let roofline = roofline_rank(&test_set);
     let together = rank_ensemble(&mut model, &test_set);
@@ -271,6 +278,7 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
         average,
         best_epoch,
         ablation_best_epoch,
+        ensemble_mix: mix,
     })
 }
 

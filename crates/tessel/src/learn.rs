@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use tessel_features::WIDTH;
+use tessel_model::ensemble::MixChoice;
 use tessel_model::train::{
     Comparison, Trainable, compare_with_trees, gbt_rank, rank, rank_ensemble, ridge_rank,
     roofline_rank, split_tasks, transfer_options,
@@ -156,6 +157,9 @@ pub struct PretrainReport {
     pub saved: (PathBuf, PathBuf),
     /// The ensemble's file, when one was fitted.
     pub saved_ensemble: Option<PathBuf>,
+    /// How the ensemble weighs the network and the trees, chosen on the validation tasks
+    /// (`None` without them or without an ensemble; the parts then count alike).
+    pub ensemble_mix: Option<MixChoice>,
 }
 
 /// Trains a model on measured records and saves it.
@@ -202,10 +206,17 @@ pub fn pretrain(o: &PretrainOptions, progress: &mut dyn Progress) -> Result<Pret
     })?;
     progress.finish();
     let (train_ids, val_ids) = split_tasks(data.tasks.len(), o.val_fraction, o.seed);
+    let mut ensemble_mix = None;
     if !o.no_ensemble {
-        // Fitted on the network's training tasks only, so validation stays unseen.
+        // Fitted on the network's training tasks only, so validation stays unseen; the mix
+        // of the two parts is chosen there.
         progress.note("fitting the ensemble's gradient-boosted trees");
-        model.fit_companions(&data.subset(&train_ids), o.seed)?;
+        let (fit, val) = (data.subset(&train_ids), data.subset(&val_ids));
+        if val_ids.is_empty() {
+            model.fit_companions(&fit, o.seed)?;
+        } else {
+            ensemble_mix = Some(model.fit_companions_judged(&fit, &val, o.seed)?);
+        }
     }
     // The validation's trees column is the ensemble's trees where they were fitted.
     let trees = model.companions.clone();
@@ -242,6 +253,7 @@ pub fn pretrain(o: &PretrainOptions, progress: &mut dyn Progress) -> Result<Pret
         validation_ensemble,
         saved: Model::paths(&o.out),
         saved_ensemble: model.companions.is_some().then(|| Companions::path(&o.out)),
+        ensemble_mix,
     })
 }
 

@@ -50,6 +50,7 @@ mod learn;
 mod measure;
 mod plot;
 mod progress;
+mod refit;
 mod remeasure;
 mod searcheval;
 mod simcheck;
@@ -73,6 +74,7 @@ pub use learn::{
 };
 pub use measure::{MeasureOptions, MeasureReport, generated_c, measure, schedule_of};
 pub use progress::{NoProgress, Notes, Progress};
+pub use refit::{RefitOptions, RefitReport, refit_trees};
 pub use remeasure::{Change, RemeasureOptions, RemeasureReport, remeasure};
 pub use searcheval::{
     Ranking, SearchEvalOptions, SearchEvalReport, SearchRun, SearchTask, best_so_far, search_eval,

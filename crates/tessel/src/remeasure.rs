@@ -47,6 +47,10 @@ pub struct RemeasureOptions {
     /// its first touch and was cut).
     #[cfg_attr(feature = "clap", arg(long))]
     pub cut_short: bool,
+    /// Only records whose median run took more than this many times their fastest (a run
+    /// disturbed by something else on the machine; 1.5 selects 3% of the Zen 4 FMA set).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub spread_above: Option<f64>,
     /// Only the tasks of these networks, comma separated.
     #[cfg_attr(feature = "clap", arg(long = "network", value_delimiter = ','))]
     pub networks: Vec<String>,
@@ -115,11 +119,17 @@ pub fn remeasure(o: &RemeasureOptions, progress: &mut dyn Progress) -> Result<Re
         || o.source_contains.is_some()
         || o.changed
         || o.cut_short
+        || o.spread_above.is_some()
         || !o.networks.is_empty();
     if !selecting && !o.all {
         bail!(
-            "name what to measure again: --before TIME, --source-contains TEXT, --changed, --cut-short or --network; or --all for every record"
+            "name what to measure again: --before TIME, --source-contains TEXT, --changed, --cut-short, --spread-above RATIO or --network; or --all for every record"
         );
+    }
+    if let Some(r) = o.spread_above
+        && !(r.is_finite() && r >= 1.0)
+    {
+        bail!("--spread-above {r} is not a ratio of at least 1 (median over fastest run)");
     }
     if let Some(t) = o.before
         && !t.is_finite()
@@ -167,6 +177,14 @@ pub fn remeasure(o: &RemeasureOptions, progress: &mut dyn Progress) -> Result<Re
             continue;
         }
         if o.cut_short && !r.result.as_ref().is_ok_and(|m| m.cut_short) {
+            continue;
+        }
+        if let Some(ratio) = o.spread_above
+            && !r
+                .result
+                .as_ref()
+                .is_ok_and(|m| m.timing.median_s > ratio * m.timing.min_s)
+        {
             continue;
         }
         if (o.changed || o.source_contains.is_some()) && !code_selects(o, &measurer, r)? {

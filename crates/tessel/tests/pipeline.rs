@@ -284,6 +284,36 @@ fn remeasure_supersedes_the_chosen_records_and_resumes() {
     )
     .unwrap();
     assert_eq!(r.selected, 1);
+    // Selecting the records whose median run was far slower than their fastest.
+    let spread = |ratio: f64| RemeasureOptions {
+        spread_above: Some(ratio),
+        dry_run: true,
+        ..options("re.jsonl")
+    };
+    let expected = |ratio: f64| {
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| {
+                let t = &v["result"]["Ok"]["timing"];
+                Some(t["median_s"].as_f64()? > ratio * t["min_s"].as_f64()?)
+            })
+            .filter(|&b| b)
+            .count()
+    };
+    for ratio in [1.0, 1.01, 1.2, 100.0] {
+        let r = tessel::remeasure(&spread(ratio), &mut NoProgress).unwrap();
+        assert_eq!(r.selected, expected(ratio), "--spread-above {ratio}");
+    }
+    assert_eq!(
+        tessel::remeasure(&spread(100.0), &mut NoProgress)
+            .unwrap()
+            .selected,
+        0
+    );
+    for bad in [0.5, f64::NAN, f64::INFINITY] {
+        let e = tessel::remeasure(&spread(bad), &mut NoProgress).unwrap_err();
+        assert!(e.to_string().contains("--spread-above"), "{e}");
+    }
 
     // Everything measured before now, measured again; a rerun has nothing left to do (the
     // new records are later).
