@@ -151,7 +151,8 @@ pub struct PretrainReport {
     /// Validation tasks.
     pub validation_tasks: usize,
     /// The ensemble that ships (the network and the trees fitted on the training
-    /// tasks) on the same validation tasks; `None` with `--no-ensemble`.
+    /// tasks) on the same validation tasks; `None` with `--no-ensemble`. Its mix was chosen
+    /// on these tasks, so the figure is the best of the shares tried there.
     pub validation_ensemble: Option<Metrics>,
     /// The files written.
     pub saved: (PathBuf, PathBuf),
