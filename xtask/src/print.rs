@@ -421,12 +421,22 @@ pub fn transfer(r: &TransferReport) {
         "{} shots ({} mode); evaluated on {} records of {} tasks",
         r.shots, r.mode, r.test_records, r.test_tasks
     );
-    comparison("pretrained, before fine-tuning:", &r.before);
+    comparison_with(
+        "pretrained, before fine-tuning (the ensemble: with its own trees, fitted where it was pretrained):",
+        &r.before,
+        r.before_ensemble.as_ref(),
+    );
     comparison_with(
         "fine-tuned on the shots (the ensemble: with trees fitted on the shots):",
         &r.fine_tuned,
         r.fine_tuned_ensemble.as_ref(),
     );
+    if let Some(m) = &r.fine_tuned_pretrained_trees {
+        println!(
+            "  fine-tuned with the pretrained model's trees: top-1 {:.3} top-5 {:.3} pairwise {:.3} tau {:.3}",
+            m.top1, m.top5, m.pairwise_accuracy, m.kendall_tau
+        );
+    }
     comparison("trained from scratch on the same records:", &r.scratch);
     match &r.validation {
         Some(v) => {
@@ -434,20 +444,25 @@ pub fn transfer(r: &TransferReport) {
                 "validation on the shots, two folds ({} records of {} tasks, {} pairs, each ranked by candidates trained on the other half, {} records):",
                 v.validation_records, v.validation_tasks, v.validation_pairs, v.fit_records
             );
-            println!("                       criterion  top-1  pairwise");
+            println!("                               criterion  top-1  pairwise");
             let rows = [
                 ("pretrained", Some(&v.pretrained)),
+                ("pretrained+trees", v.pretrained_trees.as_ref()),
                 ("fine-tuned", Some(&v.fine_tuned)),
+                (
+                    "fine-tuned+pretrained-trees",
+                    v.fine_tuned_pretrained_trees.as_ref(),
+                ),
                 ("fine-tuned+ensemble", v.fine_tuned_ensemble.as_ref()),
                 ("scratch", Some(&v.scratch)),
             ];
             for (name, s) in rows {
                 match s {
                     Some(s) => println!(
-                        "  {name:<20} {:>9.3}  {:.3}  {:>8.3}",
+                        "  {name:<28} {:>9.3}  {:.3}  {:>8.3}",
                         s.criterion, s.metrics.top1, s.metrics.pairwise_accuracy
                     ),
-                    None => println!("  {name:<20}         -"),
+                    None => println!("  {name:<28}         -"),
                 }
             }
             println!(
@@ -467,7 +482,7 @@ pub fn transfer(r: &TransferReport) {
     println!("kept: {} (what the saved model is)", r.chosen);
     println!("saved {} and {}", r.saved.0.display(), r.saved.1.display());
     if let Some(p) = &r.saved_ensemble {
-        println!("saved {} (the trees fitted on the shots)", p.display());
+        println!("saved {} (the kept model's trees)", p.display());
     }
 }
 

@@ -158,10 +158,18 @@ fn gpu_model_targets_run_the_whole_pipeline() {
     );
     let report: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
     assert_eq!(report["shots"], 24);
-    // Four candidates, the ensemble among them (trees fitted on the shots beside
-    // the fine-tuned network); its companion file is written exactly when it is kept.
+    // Six candidates: the pretrained and the fine-tuned network, each alone and with the
+    // pretrained model's trees, the fine-tuned one with trees fitted on the shots, and
+    // scratch. A companion file is written exactly when a kept candidate has trees.
     let validation = &report["validation"];
-    for candidate in ["pretrained", "fine_tuned", "fine_tuned_ensemble", "scratch"] {
+    for candidate in [
+        "pretrained",
+        "pretrained_trees",
+        "fine_tuned",
+        "fine_tuned_pretrained_trees",
+        "fine_tuned_ensemble",
+        "scratch",
+    ] {
         let c = validation[candidate]["criterion"].as_f64();
         assert!(c.is_some_and(|c| (0.0..=1.0).contains(&c)), "{report}");
     }
@@ -169,7 +177,17 @@ fn gpu_model_targets_run_the_whole_pipeline() {
         report["fine_tuned_ensemble"]["top1"].is_number(),
         "{report}"
     );
-    let kept_ensemble = report["chosen"] == "fine-tuned+ensemble";
+    assert!(report["before_ensemble"]["top1"].is_number(), "{report}");
+    assert!(
+        report["fine_tuned_pretrained_trees"]["top1"].is_number(),
+        "{report}"
+    );
+    let kept_ensemble = [
+        "fine-tuned+ensemble",
+        "pretrained+trees",
+        "fine-tuned+pretrained-trees",
+    ]
+    .contains(&report["chosen"].as_str().unwrap_or_default());
     assert_eq!(dir.join("m/l4.ensemble.json.gz").exists(), kept_ensemble);
     assert_eq!(report["saved_ensemble"].is_string(), kept_ensemble);
     let text = run(

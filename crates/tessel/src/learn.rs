@@ -304,6 +304,10 @@ pub struct TransferReport {
     pub test_tasks: usize,
     /// The pretrained model.
     pub before: Comparison,
+    /// The pretrained model with its own trees (fitted on the platform it was pretrained
+    /// on), ranking as an ensemble does: what `tune` would use without a transfer. None
+    /// when the pretrained model has no trees.
+    pub before_ensemble: Option<Metrics>,
     /// The model saved: the one of `chosen`.
     pub after: Comparison,
     /// The pretrained model fine-tuned on all the shots (saved only when chosen).
@@ -312,11 +316,14 @@ pub struct TransferReport {
     /// an ensemble does (`Model::predict_ranking`). None when the trees could not be fitted
     /// on the shots.
     pub fine_tuned_ensemble: Option<Metrics>,
+    /// The fine-tuned network with the pretrained model's trees. None without them.
+    pub fine_tuned_pretrained_trees: Option<Metrics>,
     /// A model of the same shape trained from scratch on the same records.
     pub scratch: Comparison,
-    /// What was saved: `fine-tuned`, `fine-tuned+ensemble` (saved with its trees),
-    /// `scratch`, or `pretrained` (nothing trained on the shots did better on their
-    /// own validation tasks, so the pretrained weights are kept).
+    /// What was saved: `pretrained+trees` (the pretrained model with its own trees),
+    /// `fine-tuned`, `fine-tuned+pretrained-trees`, `fine-tuned+ensemble` (saved with the
+    /// trees fitted on the shots), `scratch`, or `pretrained` (nothing did better on the
+    /// shots' own validation tasks, so the pretrained weights are kept).
     pub chosen: String,
     /// The choice's evidence: the candidates on the shots' own tasks, each ranked by
     /// candidates trained on the other half of them (two folds). None when the shots span
@@ -341,7 +348,11 @@ pub struct TransferValidation {
     /// [`MIN_VALIDATION_PAIRS`] the pretrained model is kept whatever the scores say.
     pub validation_pairs: usize,
     pub pretrained: TransferScore,
+    /// The pretrained network with its own trees (None without them).
+    pub pretrained_trees: Option<TransferScore>,
     pub fine_tuned: TransferScore,
+    /// The fine-tuned network with the pretrained model's trees (None without them).
+    pub fine_tuned_pretrained_trees: Option<TransferScore>,
     pub fine_tuned_ensemble: Option<TransferScore>,
     pub scratch: TransferScore,
 }
@@ -377,9 +388,20 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
     check_training(o.epochs.max(1), 1e-3)?;
     refuse_overwrite(&o.out, o.force)?;
     let mut model = load_model(&o.model)?;
-    // The pretrained model's trees were fitted on the other platform's records:
-    // every candidate here is a network alone, or one with companions fitted on the shots.
-    model.companions = None;
+    // The pretrained model's trees were fitted on the other platform's records: candidates
+    // with them beside a network stand apart from the network alone and from the trees
+    // fitted on the shots.
+    let source_trees = model.companions.take();
+    let with_source_trees = |m: &Model| -> Result<Option<Model>> {
+        Ok(match &source_trees {
+            Some(c) => {
+                let mut d = m.duplicate()?;
+                d.companions = Some(c.clone());
+                Some(d)
+            }
+            None => None,
+        })
+    };
     let data = load(&o.data, network_filter(&o.networks)?.as_ref(), progress)?;
     let (shots, test) = few_shot_split(&data, o.shots, o.seed)?;
     if shots.samples.len() < o.shots {
@@ -404,7 +426,14 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
     // tasks train, the other half validate, and the other way round. The test tasks are
     // never looked at.
     progress.update(0, "validating on the shots");
-    let validation = validate_transfer(&mut model, &shots, &pre, &fine_opts, o.seed)?;
+    let validation = validate_transfer(
+        &mut model,
+        source_trees.as_ref(),
+        &shots,
+        &pre,
+        &fine_opts,
+        o.seed,
+    )?;
     progress.update(3, "fine-tuning");
     let mut fine = model.duplicate()?;
     if !shots.samples.is_empty() {
@@ -424,6 +453,14 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
     let fine_tuned_ensemble = fine_ensemble
         .as_mut()
         .map(|m| metrics::evaluate(&rank_ensemble(m, &test)));
+    let mut pretrained_trees = with_source_trees(&model)?;
+    let before_ensemble = pretrained_trees
+        .as_mut()
+        .map(|m| metrics::evaluate(&rank_ensemble(m, &test)));
+    let mut fine_source = with_source_trees(&fine)?;
+    let fine_tuned_pretrained_trees = fine_source
+        .as_mut()
+        .map(|m| metrics::evaluate(&rank_ensemble(m, &test)));
     progress.update(5, "from scratch");
     let mut scratch_model = Model::new(model.config().clone(), o.seed)?;
     if !shots.samples.is_empty() {
@@ -432,7 +469,20 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
     progress.finish();
     let scratch = on_test(&mut scratch_model);
     let chosen = choose_transfer(validation.as_ref());
+    let with_metrics = |m: Metrics, c: &Comparison| Comparison { model: m, ..*c };
     let (mut saved_model, after) = match (chosen, fine_ensemble, fine_tuned_ensemble) {
+        ("pretrained+trees", ..) if pretrained_trees.is_some() && before_ensemble.is_some() => (
+            pretrained_trees.expect("checked"),
+            with_metrics(before_ensemble.expect("checked"), &before),
+        ),
+        ("fine-tuned+pretrained-trees", ..)
+            if fine_source.is_some() && fine_tuned_pretrained_trees.is_some() =>
+        {
+            (
+                fine_source.expect("checked"),
+                with_metrics(fine_tuned_pretrained_trees.expect("checked"), &fine_tuned),
+            )
+        }
         ("fine-tuned", ..) => (fine, fine_tuned),
         ("fine-tuned+ensemble", Some(m), Some(metrics)) => (
             m,
@@ -466,9 +516,11 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
         test_records: test.samples.len(),
         test_tasks: test.tasks.len(),
         before,
+        before_ensemble,
         after,
         fine_tuned,
         fine_tuned_ensemble,
+        fine_tuned_pretrained_trees,
         scratch,
         chosen: chosen.to_string(),
         validation,
@@ -499,7 +551,8 @@ pub const MIN_VALIDATION_PAIRS: usize = 50;
 
 /// Which model a transfer keeps: the candidate with the best criterion on the shots'
 /// validation tasks, where it beats the pretrained model; ties keep the earlier of
-/// pretrained, fine-tuned, fine-tuned+ensemble and scratch. Without validation, or on fewer
+/// pretrained, pretrained+trees, fine-tuned, fine-tuned+pretrained-trees,
+/// fine-tuned+ensemble and scratch. Without validation, or on fewer
 /// than [`MIN_VALIDATION_PAIRS`] pairs, the pretrained weights.
 fn choose_transfer(validation: Option<&TransferValidation>) -> &'static str {
     let Some(v) = validation else {
@@ -510,7 +563,12 @@ fn choose_transfer(validation: Option<&TransferValidation>) -> &'static str {
     }
     let mut best = ("pretrained", v.pretrained.criterion);
     let others = [
+        ("pretrained+trees", v.pretrained_trees.as_ref()),
         ("fine-tuned", Some(&v.fine_tuned)),
+        (
+            "fine-tuned+pretrained-trees",
+            v.fine_tuned_pretrained_trees.as_ref(),
+        ),
         ("fine-tuned+ensemble", v.fine_tuned_ensemble.as_ref()),
         ("scratch", Some(&v.scratch)),
     ];
@@ -532,6 +590,7 @@ fn choose_transfer(validation: Option<&TransferValidation>) -> &'static str {
 /// tasks of at least two records each.
 fn validate_transfer(
     pretrained: &mut Model,
+    source_trees: Option<&std::sync::Arc<Companions>>,
     shots: &Dataset,
     pre: &TrainOptions,
     fine_opts: &TrainOptions,
@@ -551,6 +610,13 @@ fn validate_transfer(
     let pick = |ix: &[usize]| ix.iter().map(|&i| usable[i]).collect::<Vec<_>>();
     let (mut pre_r, mut fine_r, mut scratch_r) = (Vec::new(), Vec::new(), Vec::new());
     let mut ensemble_r = Some(Vec::new());
+    // The candidates with the pretrained model's trees (none without them).
+    let (mut pre_trees_r, mut fine_trees_r) = (Vec::new(), Vec::new());
+    let with_trees = |m: &Model, trees: &std::sync::Arc<Companions>| -> Result<Model> {
+        let mut d = m.duplicate()?;
+        d.companions = Some(trees.clone());
+        Ok(d)
+    };
     let (mut fit_records, mut validation_records, mut validation_tasks) = (0, 0, 0);
     for (fit_ix, val_ix) in [(&a, &b), (&b, &a)] {
         let (fit, val) = (shots.subset(&pick(fit_ix)), shots.subset(&pick(val_ix)));
@@ -568,6 +634,10 @@ fn validate_transfer(
         };
         let mut s = Model::new(pretrained.config().clone(), seed)?;
         train(&mut s, &fit, pre, &mut |_| {})?;
+        if let Some(trees) = source_trees {
+            pre_trees_r.extend(rank_ensemble(&mut with_trees(pretrained, trees)?, &val));
+            fine_trees_r.extend(rank_ensemble(&mut with_trees(&f, trees)?, &val));
+        }
         pre_r.extend(rank(pretrained, &val));
         fine_r.extend(rank(&mut f, &val));
         scratch_r.extend(rank(&mut s, &val));
@@ -584,7 +654,9 @@ fn validate_transfer(
             .map(|t| t.latency.len() * t.latency.len().saturating_sub(1) / 2)
             .sum(),
         pretrained: TransferScore::of(&pre_r),
+        pretrained_trees: source_trees.map(|_| TransferScore::of(&pre_trees_r)),
         fine_tuned: TransferScore::of(&fine_r),
+        fine_tuned_pretrained_trees: source_trees.map(|_| TransferScore::of(&fine_trees_r)),
         fine_tuned_ensemble: ensemble_r.as_deref().map(TransferScore::of),
         scratch: TransferScore::of(&scratch_r),
     }))
@@ -886,7 +958,9 @@ mod tests {
             validation_tasks: 2,
             validation_pairs: 1560,
             pretrained: m(pretrained),
+            pretrained_trees: None,
             fine_tuned: m(fine_tuned),
+            fine_tuned_pretrained_trees: None,
             fine_tuned_ensemble: ensemble.map(m),
             scratch: m(scratch),
         }
@@ -912,6 +986,38 @@ mod tests {
             ..validation(0.6, 0.7, Some(0.75), 0.9)
         };
         assert_eq!(choose_transfer(Some(&thin)), "pretrained");
+        // The pretrained model's own trees, beside it or beside the fine-tuned network.
+        let score = |criterion| TransferScore {
+            criterion,
+            metrics: Metrics::default(),
+        };
+        let with_trees = |pre: f64, fine: f64| TransferValidation {
+            pretrained_trees: Some(score(pre)),
+            fine_tuned_pretrained_trees: Some(score(fine)),
+            ..validation(0.6, 0.7, Some(0.75), 0.72)
+        };
+        assert_eq!(
+            choose_transfer(Some(&with_trees(0.8, 0.7))),
+            "pretrained+trees"
+        );
+        assert_eq!(
+            choose_transfer(Some(&with_trees(0.7, 0.8))),
+            "fine-tuned+pretrained-trees"
+        );
+        assert_eq!(
+            choose_transfer(Some(&with_trees(0.7, 0.74))),
+            "fine-tuned+ensemble"
+        );
+        // A tie between the pretrained model with and without its trees keeps it without.
+        assert_eq!(
+            choose_transfer(Some(&with_trees(0.6, 0.5))),
+            "fine-tuned+ensemble"
+        );
+        let tie = TransferValidation {
+            pretrained_trees: Some(score(0.9)),
+            ..validation(0.9, 0.7, None, 0.7)
+        };
+        assert_eq!(choose_transfer(Some(&tie)), "pretrained");
     }
 
     #[test]

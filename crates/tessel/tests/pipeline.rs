@@ -161,8 +161,10 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
     assert_eq!(transfer.shots, 6);
     assert_eq!(transfer.test_tasks, 1);
     assert!(transfer.saved.0.exists());
-    // The pretraining platform's trees are not carried to the new one.
+    // The pretraining platform's trees are carried to the new one only as a candidate
+    // the shots' validation chose (none here, below).
     assert!(!dir.join("m/tuned.ensemble.json.gz").exists());
+    assert!(transfer.before_ensemble.is_some());
     // The shots come from one task: nothing to validate a fine-tuning on, so the pretrained
     // weights are what is saved.
     assert!(transfer.validation.is_none());
