@@ -320,10 +320,11 @@ pub struct TransferReport {
     pub fine_tuned_pretrained_trees: Option<Metrics>,
     /// A model of the same shape trained from scratch on the same records.
     pub scratch: Comparison,
-    /// What was saved: `pretrained+trees` (the pretrained model with its own trees),
-    /// `fine-tuned`, `fine-tuned+pretrained-trees`, `fine-tuned+ensemble` (saved with the
-    /// trees fitted on the shots), `scratch`, or `pretrained` (nothing did better on the
-    /// shots' own validation tasks, so the pretrained weights are kept).
+    /// What was saved: `pretrained+trees` (the pretrained model with its own trees: as it
+    /// came, kept when nothing did better on the shots' own validation tasks), `pretrained`
+    /// (its network alone; as it came when it had no trees), `fine-tuned`,
+    /// `fine-tuned+pretrained-trees`, `fine-tuned+ensemble` (saved with the trees fitted on
+    /// the shots) or `scratch`.
     pub chosen: String,
     /// The choice's evidence: the candidates on the shots' own tasks, each ranked by
     /// candidates trained on the other half of them (two folds). None when the shots span
@@ -468,7 +469,7 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
     }
     progress.finish();
     let scratch = on_test(&mut scratch_model);
-    let chosen = choose_transfer(validation.as_ref());
+    let chosen = choose_transfer(validation.as_ref(), source_trees.is_some());
     let with_metrics = |m: Metrics, c: &Comparison| Comparison { model: m, ..*c };
     let (mut saved_model, after) = match (chosen, fine_ensemble, fine_tuned_ensemble) {
         ("pretrained+trees", ..) if pretrained_trees.is_some() && before_ensemble.is_some() => (
@@ -549,20 +550,30 @@ fn fit_on_shots(model: &Model, shots: &Dataset, seed: u64) -> Result<Option<Mode
 /// than the pretrained model on every figure.
 pub const MIN_VALIDATION_PAIRS: usize = 50;
 
-/// Which model a transfer keeps: the candidate with the best criterion on the shots'
-/// validation tasks, where it beats the pretrained model; ties keep the earlier of
-/// pretrained, pretrained+trees, fine-tuned, fine-tuned+pretrained-trees,
-/// fine-tuned+ensemble and scratch. Without validation, or on fewer
-/// than [`MIN_VALIDATION_PAIRS`] pairs, the pretrained weights.
-fn choose_transfer(validation: Option<&TransferValidation>) -> &'static str {
+/// Which model a transfer keeps. What was there stays unless another candidate beats it on
+/// the shots' validation tasks: the pretrained model as it came, with its own trees where
+/// it has them (`has_trees`: what `tune` would rank by without a transfer). Ties keep the
+/// earlier of that, pretrained, fine-tuned, fine-tuned+pretrained-trees,
+/// fine-tuned+ensemble and scratch. Without validation, or on fewer than
+/// [`MIN_VALIDATION_PAIRS`] pairs, what was there.
+fn choose_transfer(validation: Option<&TransferValidation>, has_trees: bool) -> &'static str {
+    let as_it_came = if has_trees {
+        "pretrained+trees"
+    } else {
+        "pretrained"
+    };
     let Some(v) = validation else {
-        return "pretrained";
+        return as_it_came;
     };
     if v.validation_pairs < MIN_VALIDATION_PAIRS {
-        return "pretrained";
+        return as_it_came;
     }
-    let mut best = ("pretrained", v.pretrained.criterion);
+    let mut best = match (has_trees, &v.pretrained_trees) {
+        (true, Some(t)) => ("pretrained+trees", t.criterion),
+        _ => ("pretrained", v.pretrained.criterion),
+    };
     let others = [
+        ("pretrained", Some(&v.pretrained)),
         ("pretrained+trees", v.pretrained_trees.as_ref()),
         ("fine-tuned", Some(&v.fine_tuned)),
         (
@@ -968,8 +979,8 @@ mod tests {
 
     #[test]
     fn a_transfer_keeps_the_pretrained_model_unless_training_beats_it_on_the_shots() {
-        let choose = |p, f, e, s| choose_transfer(Some(&validation(p, f, e, s)));
-        assert_eq!(choose_transfer(None), "pretrained");
+        let choose = |p, f, e, s| choose_transfer(Some(&validation(p, f, e, s)), false);
+        assert_eq!(choose_transfer(None, false), "pretrained");
         assert_eq!(choose(0.7, 0.8, None, 0.6), "fine-tuned");
         // Fine-tuning that hurts on the validation tasks is dropped.
         assert_eq!(choose(0.7, 0.6, None, 0.5), "pretrained");
@@ -985,7 +996,7 @@ mod tests {
             validation_pairs: MIN_VALIDATION_PAIRS - 1,
             ..validation(0.6, 0.7, Some(0.75), 0.9)
         };
-        assert_eq!(choose_transfer(Some(&thin)), "pretrained");
+        assert_eq!(choose_transfer(Some(&thin), false), "pretrained");
         // The pretrained model's own trees, beside it or beside the fine-tuned network.
         let score = |criterion| TransferScore {
             criterion,
@@ -996,28 +1007,30 @@ mod tests {
             fine_tuned_pretrained_trees: Some(score(fine)),
             ..validation(0.6, 0.7, Some(0.75), 0.72)
         };
-        assert_eq!(
-            choose_transfer(Some(&with_trees(0.8, 0.7))),
-            "pretrained+trees"
-        );
-        assert_eq!(
-            choose_transfer(Some(&with_trees(0.7, 0.8))),
-            "fine-tuned+pretrained-trees"
-        );
-        assert_eq!(
-            choose_transfer(Some(&with_trees(0.7, 0.74))),
-            "fine-tuned+ensemble"
-        );
-        // A tie between the pretrained model with and without its trees keeps it without.
-        assert_eq!(
-            choose_transfer(Some(&with_trees(0.6, 0.5))),
-            "fine-tuned+ensemble"
-        );
+        let choose = |v: &TransferValidation| choose_transfer(Some(v), true);
+        assert_eq!(choose(&with_trees(0.8, 0.7)), "pretrained+trees");
+        assert_eq!(choose(&with_trees(0.7, 0.8)), "fine-tuned+pretrained-trees");
+        assert_eq!(choose(&with_trees(0.7, 0.74)), "fine-tuned+ensemble");
+        assert_eq!(choose(&with_trees(0.6, 0.5)), "fine-tuned+ensemble");
+        // A model that came with trees keeps them: without validation, on too few pairs,
+        // and on a tie with the network alone.
+        assert_eq!(choose_transfer(None, true), "pretrained+trees");
+        let thin_with_trees = TransferValidation {
+            validation_pairs: MIN_VALIDATION_PAIRS - 1,
+            ..with_trees(0.1, 0.1)
+        };
+        assert_eq!(choose(&thin_with_trees), "pretrained+trees");
         let tie = TransferValidation {
             pretrained_trees: Some(score(0.9)),
             ..validation(0.9, 0.7, None, 0.7)
         };
-        assert_eq!(choose_transfer(Some(&tie)), "pretrained");
+        assert_eq!(choose(&tie), "pretrained+trees");
+        // Its network alone can still win.
+        let alone = TransferValidation {
+            pretrained_trees: Some(score(0.8)),
+            ..validation(0.9, 0.7, None, 0.7)
+        };
+        assert_eq!(choose(&alone), "pretrained");
     }
 
     #[test]

@@ -161,18 +161,26 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
     assert_eq!(transfer.shots, 6);
     assert_eq!(transfer.test_tasks, 1);
     assert!(transfer.saved.0.exists());
-    // The pretraining platform's trees are carried to the new one only as a candidate
-    // the shots' validation chose (none here, below).
-    assert!(!dir.join("m/tuned.ensemble.json.gz").exists());
-    assert!(transfer.before_ensemble.is_some());
-    // The shots come from one task: nothing to validate a fine-tuning on, so the pretrained
-    // weights are what is saved.
+    // The shots come from one task: nothing to validate a fine-tuning on, so the
+    // pretrained model is saved as it came, with its own trees.
     assert!(transfer.validation.is_none());
-    // Trees were fitted on the shots and scored on the test task, but without
-    // validation they are not kept either.
-    assert!(transfer.fine_tuned_ensemble.is_some() && transfer.saved_ensemble.is_none());
-    assert_eq!(transfer.chosen, "pretrained");
-    assert_eq!(transfer.after.model, transfer.before.model);
+    assert_eq!(transfer.chosen, "pretrained+trees");
+    assert_eq!(Some(transfer.after.model), transfer.before_ensemble);
+    assert_eq!(
+        std::fs::read(dir.join("m/tuned.safetensors")).unwrap(),
+        std::fs::read(dir.join("m/model.safetensors")).unwrap()
+    );
+    let trees = |m: &str| {
+        let c = tessel::model::Model::load(&dir.join(m))
+            .unwrap()
+            .companions
+            .unwrap();
+        (c.scales, c.weights, c.records)
+    };
+    assert_eq!(trees("m/tuned"), trees("m/model"));
+    // Trees were fitted on the shots and scored on the test task, but without validation
+    // they are not what is kept.
+    assert!(transfer.fine_tuned_ensemble.is_some());
 }
 
 #[test]
