@@ -96,7 +96,9 @@ pub const TREE_SHARES: [f64; 11] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8,
 /// validation tasks ([`crate::metrics::selection_criterion`]), and the share kept.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct MixChoice {
+    /// The trees' share kept.
     pub tree_share: f64,
+    /// Every share tried, with its criterion.
     pub tried: Vec<(f64, f64)>,
     /// Validation tasks and records it was judged on.
     pub tasks: usize,

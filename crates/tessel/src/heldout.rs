@@ -84,13 +84,14 @@ pub struct Scores {
     pub primitives: Option<Metrics>,
     /// Ridge regression on pooled features, fitted on the training networks.
     pub ridge: Metrics,
-    /// Gradient-boosted trees on the same features, fitted the same way.
+    /// Gradient-boosted trees on the trees' rows (`tessel_model::rows`), fitted on every
+    /// task of the training networks.
     pub gbt: Metrics,
     /// The analytic roofline estimate, fitted on nothing.
     pub roofline: Metrics,
-    /// The model as `pretrain` ships it: the network plus trees fitted on the
-    /// training networks, each divided by its within-task spread on the training records
-    /// (`tessel_model::ensemble`).
+    /// The model as `pretrain` ships it: the network plus trees fitted on the network's
+    /// training tasks, each divided by its within-task spread on them and weighted by the
+    /// mix chosen on its early-stopping tasks (`tessel_model::ensemble`).
     pub ensemble: Metrics,
     /// A random ranking.
     pub random: Metrics,
