@@ -205,9 +205,8 @@ impl Companions {
                 .iter()
                 .zip(&trees)
                 .map(|(&m, &t)| self.combine(m, t, w) as f64);
-            let ranked = by_task(val, scores);
-            let m = metrics::evaluate(&ranked);
-            tried.push((share, metrics::selection_criterion(&ranked, &m)));
+            let (_, criterion) = metrics::evaluate_with_criterion(&by_task(val, scores));
+            tried.push((share, criterion));
         }
         let best = tried
             .iter()

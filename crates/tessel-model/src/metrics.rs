@@ -68,6 +68,12 @@ pub fn selection_criterion(tasks: &[Ranked], m: &Metrics) -> f64 {
     (top_k_task_mean(tasks, 1) + top_k_task_mean(tasks, 5) + m.pairwise_accuracy) / 3.0
 }
 
+/// [`evaluate`] and [`selection_criterion`] of one ranking together.
+pub fn evaluate_with_criterion(tasks: &[Ranked]) -> (Metrics, f64) {
+    let m = evaluate(tasks);
+    (m, selection_criterion(tasks, &m))
+}
+
 /// A task's best latency and the best among the ranking's k highest-scored candidates
 /// (`None` for a task without candidates).
 pub fn best_and_chosen(t: &Ranked, k: usize) -> Option<(f64, f64)> {

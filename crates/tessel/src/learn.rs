@@ -370,11 +370,8 @@ pub struct TransferScore {
 
 impl TransferScore {
     fn of(ranked: &[Ranked]) -> TransferScore {
-        let metrics = metrics::evaluate(ranked);
-        TransferScore {
-            criterion: metrics::selection_criterion(ranked, &metrics),
-            metrics,
-        }
+        let (metrics, criterion) = metrics::evaluate_with_criterion(ranked);
+        TransferScore { criterion, metrics }
     }
 }
 
@@ -394,14 +391,10 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
     // fitted on the shots.
     let source_trees = model.companions.take();
     let with_source_trees = |m: &Model| -> Result<Option<Model>> {
-        Ok(match &source_trees {
-            Some(c) => {
-                let mut d = m.duplicate()?;
-                d.companions = Some(c.clone());
-                Some(d)
-            }
-            None => None,
-        })
+        source_trees
+            .as_ref()
+            .map(|trees| with_companions(m, trees))
+            .transpose()
     };
     let data = load(&o.data, network_filter(&o.networks)?.as_ref(), progress)?;
     let (shots, test) = few_shot_split(&data, o.shots, o.seed)?;
@@ -533,6 +526,14 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
     })
 }
 
+/// A copy of `model` with `trees` beside it (the pretrained model's, carried to a network
+/// of the new platform).
+fn with_companions(model: &Model, trees: &std::sync::Arc<Companions>) -> Result<Model> {
+    let mut m = model.duplicate()?;
+    m.companions = Some(trees.clone());
+    Ok(m)
+}
+
 /// A copy of `model` with trees fitted on `shots` beside it (`fit_companions`);
 /// None when there is too little to fit them on (no task of two records: no spread within a
 /// task to scale by) or the fit fails.
@@ -623,11 +624,6 @@ fn validate_transfer(
     let mut ensemble_r = Some(Vec::new());
     // The candidates with the pretrained model's trees (none without them).
     let (mut pre_trees_r, mut fine_trees_r) = (Vec::new(), Vec::new());
-    let with_trees = |m: &Model, trees: &std::sync::Arc<Companions>| -> Result<Model> {
-        let mut d = m.duplicate()?;
-        d.companions = Some(trees.clone());
-        Ok(d)
-    };
     let (mut fit_records, mut validation_records, mut validation_tasks) = (0, 0, 0);
     for (fit_ix, val_ix) in [(&a, &b), (&b, &a)] {
         let (fit, val) = (shots.subset(&pick(fit_ix)), shots.subset(&pick(val_ix)));
@@ -646,8 +642,11 @@ fn validate_transfer(
         let mut s = Model::new(pretrained.config().clone(), seed)?;
         train(&mut s, &fit, pre, &mut |_| {})?;
         if let Some(trees) = source_trees {
-            pre_trees_r.extend(rank_ensemble(&mut with_trees(pretrained, trees)?, &val));
-            fine_trees_r.extend(rank_ensemble(&mut with_trees(&f, trees)?, &val));
+            pre_trees_r.extend(rank_ensemble(
+                &mut with_companions(pretrained, trees)?,
+                &val,
+            ));
+            fine_trees_r.extend(rank_ensemble(&mut with_companions(&f, trees)?, &val));
         }
         pre_r.extend(rank(pretrained, &val));
         fine_r.extend(rank(&mut f, &val));

@@ -14,7 +14,7 @@ use serde::Serialize;
 use tessel_features::WIDTH;
 use tessel_model::ensemble::MixChoice;
 use tessel_model::train::{rank, rank_ensemble, split_tasks};
-use tessel_model::{Companions, Metrics, Model, Ranked, metrics};
+use tessel_model::{Companions, Metrics, Model, metrics};
 
 use crate::data::{Label, load_labeled, network_filter_except};
 use crate::error::{Result, bail};
@@ -113,11 +113,7 @@ pub fn refit_trees(o: &RefitOptions, progress: &mut dyn Progress) -> Result<Refi
         );
     }
     let (train, val) = (data.subset(&train_ids), data.subset(&val_ids));
-    let judged = |model: &mut Model| {
-        let ranked = rank_ensemble(model, &val);
-        let m = metrics::evaluate(&ranked);
-        (m, criterion(&ranked, &m))
-    };
+    let judged = |model: &mut Model| metrics::evaluate_with_criterion(&rank_ensemble(model, &val));
     let network = metrics::evaluate(&rank(&mut model, &val));
     let old = model.companions.clone();
     let before = old.is_some().then(|| judged(&mut model));
@@ -157,8 +153,4 @@ pub fn refit_trees(o: &RefitOptions, progress: &mut dyn Progress) -> Result<Refi
         mix,
         ensemble: Companions::path(&o.model),
     })
-}
-
-fn criterion(ranked: &[Ranked], m: &Metrics) -> f64 {
-    metrics::selection_criterion(ranked, m)
 }
