@@ -216,6 +216,7 @@ fn load_encoded_labeled(
         ));
     }
     let (records_len, mut filtered) = (records.len() + superseded, 0usize);
+    let mut undigested = 0usize;
     for (path, i, r) in records {
         let Ok(m) = &r.result else { continue };
         if m.emulated || m.timing.median_s <= 0.0 {
@@ -225,6 +226,7 @@ fn load_encoded_labeled(
             filtered += 1;
             continue;
         }
+        undigested += usize::from(m.kernel.is_none());
         let at = || format!("{} record {}", path.display(), i + 1);
         let program = r.program(&catalog).with_context(at)?;
         let fkey = r.fingerprint.key();
@@ -268,6 +270,12 @@ fn load_encoded_labeled(
         }
     }
     let samples_len = samples.first().map_or(0, Vec::len);
+    if undigested > 0 {
+        // Their labels may time code today's generator no longer builds for their trace.
+        progress.note(&format!(
+            "note: {undigested} of {samples_len} records carry no kernel digest (measured before records had one); to measure them again with today's code generator: cargo xtask remeasure --dataset FILE --undigested"
+        ));
+    }
     if samples_len == 0 && filtered > 0 {
         bail!(
             "the network filter removed every record of {} ({filtered} successful records of other workloads)",

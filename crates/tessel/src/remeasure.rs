@@ -42,6 +42,11 @@ pub struct RemeasureOptions {
     /// generator builds of their trace (records without a digest are never selected by it).
     #[cfg_attr(feature = "clap", arg(long))]
     pub changed: bool,
+    /// Only records that carry no kernel digest: measured before records had one, by a
+    /// generator that may have built other code for their trace than today's (`--changed`
+    /// cannot tell for them).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub undigested: bool,
     /// Only records cut short after their checked run: measured by one cold call, before a
     /// warm run had to confirm it (a fast kernel with a large static packed buffer paid for
     /// its first touch and was cut).
@@ -118,12 +123,13 @@ pub fn remeasure(o: &RemeasureOptions, progress: &mut dyn Progress) -> Result<Re
     let selecting = o.before.is_some()
         || o.source_contains.is_some()
         || o.changed
+        || o.undigested
         || o.cut_short
         || o.spread_above.is_some()
         || !o.networks.is_empty();
     if !selecting && !o.all {
         bail!(
-            "name what to measure again: --before TIME, --source-contains TEXT, --changed, --cut-short, --spread-above RATIO or --network; or --all for every record"
+            "name what to measure again: --before TIME, --source-contains TEXT, --changed, --undigested, --cut-short, --spread-above RATIO or --network; or --all for every record"
         );
     }
     if let Some(r) = o.spread_above
@@ -177,6 +183,9 @@ pub fn remeasure(o: &RemeasureOptions, progress: &mut dyn Progress) -> Result<Re
             continue;
         }
         if o.cut_short && !r.result.as_ref().is_ok_and(|m| m.cut_short) {
+            continue;
+        }
+        if o.undigested && r.result.as_ref().is_ok_and(|m| m.kernel.is_some()) {
             continue;
         }
         if let Some(ratio) = o.spread_above

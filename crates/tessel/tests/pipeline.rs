@@ -262,6 +262,36 @@ fn remeasure_supersedes_the_chosen_records_and_resumes() {
     };
     let r = tessel::remeasure(&dry, &mut NoProgress).unwrap();
     assert_eq!((r.selected, r.measured), (1, 0));
+    // Records without a digest: none here, and a record stripped of its digest is selected.
+    let undigested = RemeasureOptions {
+        undigested: true,
+        dry_run: true,
+        ..options("re.jsonl")
+    };
+    assert_eq!(
+        tessel::remeasure(&undigested, &mut NoProgress)
+            .unwrap()
+            .selected,
+        0
+    );
+    let digest = &first[at - r#","kernel":""#.len()..at + 17];
+    assert!(digest.starts_with(',') && digest.ends_with('"'), "{digest}");
+    let stripped_first = first.replacen(digest, "", 1);
+    assert_ne!(stripped_first, first);
+    let stripped = dir.join("stripped.jsonl");
+    std::fs::write(&stripped, format!("{first}\n{stripped_first}\n")).unwrap();
+    let r = tessel::remeasure(
+        &RemeasureOptions {
+            dataset: stripped,
+            ..undigested.clone()
+        },
+        &mut NoProgress,
+    )
+    .unwrap();
+    assert_eq!(
+        r.selected, 1,
+        "the later, undigested record supersedes the first"
+    );
     // Selecting by the generated text.
     let text_of = |t: &str| RemeasureOptions {
         source_contains: Some(t.into()),
