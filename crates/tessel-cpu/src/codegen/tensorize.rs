@@ -701,42 +701,26 @@ fn entangled_vars(e: &Expr, moving: &[usize], out: &mut Vec<usize>) {
             if !moving.iter().any(|&v| a.uses(v)) {
                 return;
             }
-            match affine_terms(a) {
-                Some((terms, c0)) if *d > 0 && c0 >= 0 && terms.iter().all(|&(_, c)| c >= 0) => {
-                    out.extend(
-                        terms
-                            .into_iter()
-                            .filter(|&(_, c)| c % d != 0)
-                            .map(|(v, _)| v),
-                    );
-                }
-                _ => a.collect_vars(out),
-            }
+            let mut vars = Vec::new();
+            a.collect_vars(&mut vars);
+            let n = vars.iter().max().map_or(0, |&m| m + 1);
+            // Each variable's coefficient, where the dividend is affine and non-negative.
+            let coefficients =
+                (*d > 0 && vars.iter().all(|&v| affine_in(a, v)) && a.eval(&vec![0; n]) >= 0)
+                    .then(|| {
+                        vars.iter()
+                            .map(|&v| a.coefficient(v, n))
+                            .collect::<Vec<_>>()
+                    })
+                    .filter(|cs| cs.iter().all(|&c| c >= 0));
+            out.extend(
+                vars.iter()
+                    .enumerate()
+                    .filter(|&(i, _)| coefficients.as_ref().is_none_or(|cs| cs[i] % d != 0))
+                    .map(|(_, &v)| v),
+            );
         }
     }
-}
-
-/// `e` as `sum(c_v * v) + c0` (each variable once), if it has no division or remainder.
-fn affine_terms(e: &Expr) -> Option<(Vec<(usize, i64)>, i64)> {
-    fn walk(e: &Expr, scale: i64, terms: &mut Vec<(usize, i64)>, c0: &mut i64) -> Option<()> {
-        match e {
-            Expr::Const(c) => *c0 = c0.checked_add(c.checked_mul(scale)?)?,
-            Expr::Var(v) => match terms.iter_mut().find(|(u, _)| u == v) {
-                Some((_, c)) => *c = c.checked_add(scale)?,
-                None => terms.push((*v, scale)),
-            },
-            Expr::Add(a, b) => {
-                walk(a, scale, terms, c0)?;
-                walk(b, scale, terms, c0)?;
-            }
-            Expr::Mul(a, c) => walk(a, scale.checked_mul(*c)?, terms, c0)?,
-            Expr::Div(..) | Expr::Mod(..) => return None,
-        }
-        Some(())
-    }
-    let (mut terms, mut c0) = (Vec::new(), 0);
-    walk(e, 1, &mut terms, &mut c0)?;
-    Some((terms, c0))
 }
 
 /// How far a padded A fragment's zero buffer may reach, in elements.
