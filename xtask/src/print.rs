@@ -444,29 +444,29 @@ pub fn transfer(r: &TransferReport) {
                 "validation on the shots, two folds ({} records of {} tasks, {} pairs, each ranked by candidates trained on the other half, {} records):",
                 v.validation_records, v.validation_tasks, v.validation_pairs, v.fit_records
             );
-            println!("                               criterion  top-1  pairwise");
-            let rows = [
-                ("pretrained", Some(&v.pretrained)),
-                ("pretrained+trees", v.pretrained_trees.as_ref()),
-                ("fine-tuned", Some(&v.fine_tuned)),
-                (
-                    "fine-tuned+pretrained-trees",
-                    v.fine_tuned_pretrained_trees.as_ref(),
-                ),
-                ("fine-tuned+ensemble", v.fine_tuned_ensemble.as_ref()),
-                ("scratch", Some(&v.scratch)),
-            ];
-            for (name, s) in rows {
+            println!(
+                "                               criterion  top-1  pairwise  gain over as it came"
+            );
+            for (name, s) in v.candidates() {
                 match s {
-                    Some(s) => println!(
-                        "  {name:<28} {:>9.3}  {:.3}  {:>8.3}",
-                        s.criterion, s.metrics.top1, s.metrics.pairwise_accuracy
-                    ),
+                    Some(s) => {
+                        let gain = s.gain.map_or(String::from("(as it came)"), |g| {
+                            format!("{:+.3} ({:+.1} s.e.)", g.mean, g.z())
+                        });
+                        println!(
+                            "  {name:<28} {:>9.3}  {:.3}  {:>8.3}  {gain}",
+                            s.criterion, s.metrics.top1, s.metrics.pairwise_accuracy
+                        )
+                    }
                     None => println!("  {name:<28}         -"),
                 }
             }
             println!(
-                "  (criterion: the mean of the per-task top-1 and top-5 ratios and the pairwise accuracy)"
+                "  (criterion: the mean of the per-task top-1 and top-5 ratios and the pairwise accuracy;"
+            );
+            println!(
+                "   gain: task by task, in standard errors; a candidate must lead by {} to be kept)",
+                tessel::TRANSFER_MIN_GAIN_Z
             );
             if v.validation_pairs < tessel::MIN_VALIDATION_PAIRS {
                 println!(

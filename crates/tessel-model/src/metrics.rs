@@ -74,6 +74,81 @@ pub fn evaluate_with_criterion(tasks: &[Ranked]) -> (Metrics, f64) {
     (m, selection_criterion(tasks, &m))
 }
 
+/// Each task's own [`selection_criterion`]: the mean of its top-1 and top-5 ratios and its
+/// pairwise accuracy (0.5 without pairs of distinct latency; 0.0 for a task without
+/// candidates). Two rankings of the same tasks compare task by task through these
+/// ([`paired_gain`]).
+pub fn task_criteria(tasks: &[Ranked]) -> Vec<f64> {
+    tasks
+        .iter()
+        .map(|t| {
+            let ratio = |k| {
+                best_and_chosen(t, k)
+                    .filter(|(_, chosen)| *chosen > 0.0)
+                    .map_or(0.0, |(best, chosen)| best / chosen)
+            };
+            let (c, d, ties) = pair_counts(t);
+            let all = c + d + ties;
+            let pairwise = if all > 0.0 {
+                (c + 0.5 * ties) / all
+            } else {
+                0.5
+            };
+            (ratio(1) + ratio(5) + pairwise) / 3.0
+        })
+        .collect()
+}
+
+/// How much one ranking gains over another on the same tasks: the mean of the per-task
+/// differences and its standard error.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct PairedGain {
+    pub mean: f64,
+    pub standard_error: f64,
+    pub tasks: usize,
+}
+
+impl PairedGain {
+    /// The gain in standard errors (infinite for a gain without spread, 0 without one).
+    pub fn z(&self) -> f64 {
+        if self.mean == 0.0 {
+            0.0
+        } else if self.standard_error > 0.0 {
+            self.mean / self.standard_error
+        } else {
+            f64::INFINITY.copysign(self.mean)
+        }
+    }
+}
+
+/// The paired gain of `candidate` over `incumbent`, per-task values of the same tasks in the
+/// same order ([`task_criteria`]); extra values of the longer one are ignored. With one
+/// task the standard error is infinite.
+pub fn paired_gain(candidate: &[f64], incumbent: &[f64]) -> PairedGain {
+    let d: Vec<f64> = candidate
+        .iter()
+        .zip(incumbent)
+        .map(|(c, i)| c - i)
+        .collect();
+    let n = d.len();
+    if n == 0 {
+        return PairedGain::default();
+    }
+    let mean = d.iter().sum::<f64>() / n as f64;
+    // One task says nothing of the spread: its gain is never significant.
+    let standard_error = if n > 1 {
+        let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+        (var / n as f64).sqrt()
+    } else {
+        f64::INFINITY
+    };
+    PairedGain {
+        mean,
+        standard_error,
+        tasks: n,
+    }
+}
+
 /// A task's best latency and the best among the ranking's k highest-scored candidates
 /// (`None` for a task without candidates).
 pub fn best_and_chosen(t: &Ranked, k: usize) -> Option<(f64, f64)> {
@@ -397,6 +472,40 @@ mod tests {
         assert!((top_k_task_mean(&tasks, 1) - 3.25 / 4.0).abs() < 1e-12);
         assert_eq!(top_k_task_mean(&tasks, 2), 1.0);
         assert_eq!(top_k_task_mean(&[], 1), 0.0);
+    }
+
+    #[test]
+    fn per_task_criteria_and_their_paired_gain_match_hand_computed_values() {
+        // Perfect on its two tasks; the other ranking picks 2x off the best on the first
+        // (top-1 0.5, top-5 1, pairwise 0 of 1) and is perfect on the second.
+        let good = vec![
+            task(&[0.9, 0.1], &[1.0, 2.0]),
+            task(&[0.9, 0.1], &[3.0, 4.0]),
+        ];
+        let bad = vec![
+            task(&[0.1, 0.9], &[1.0, 2.0]),
+            task(&[0.9, 0.1], &[3.0, 4.0]),
+        ];
+        assert_eq!(task_criteria(&good), vec![1.0, 1.0]);
+        assert_eq!(task_criteria(&bad), vec![0.5, 1.0]);
+        // Differences 0.5 and 0: mean 0.25, standard error sqrt(0.125 / 2) = 0.25.
+        let g = paired_gain(&task_criteria(&good), &task_criteria(&bad));
+        assert_eq!((g.mean, g.standard_error, g.tasks), (0.25, 0.25, 2));
+        assert_eq!(g.z(), 1.0);
+        assert_eq!(
+            paired_gain(&task_criteria(&bad), &task_criteria(&good)).z(),
+            -1.0
+        );
+        // Equal rankings gain nothing; one task tells nothing of the spread.
+        assert_eq!(paired_gain(&[0.7, 0.8], &[0.7, 0.8]).z(), 0.0);
+        assert_eq!(paired_gain(&[0.9], &[0.1]).z(), 0.0);
+        // The same gain on every task: no spread, certain.
+        assert_eq!(paired_gain(&[1.0, 0.5], &[0.5, 0.0]).z(), f64::INFINITY);
+        // A task without pairs of distinct latency counts its pairwise term as a coin flip.
+        assert_eq!(
+            task_criteria(&[task(&[0.2, 0.1], &[1.0, 1.0])]),
+            vec![2.5 / 3.0]
+        );
     }
 
     #[test]

@@ -69,8 +69,8 @@ pub use export::{ExportOptions, ExportReport, ExportedKernel, export};
 pub use heldout::{HeldOutOptions, HeldOutReport, NetworkScores, Scores, TEST_NETWORKS, held_out};
 pub use learn::{
     Architecture, EvalOptions, EvalReport, HELD_OUT_NETWORKS, MIN_VALIDATION_PAIRS,
-    PretrainOptions, PretrainReport, SHIPPED_DATASETS, TaskPick, TransferOptions, TransferReport,
-    eval, load_model, pretrain, transfer,
+    PretrainOptions, PretrainReport, SHIPPED_DATASETS, TRANSFER_MIN_GAIN_Z, TaskPick,
+    TransferOptions, TransferReport, eval, load_model, pretrain, transfer,
 };
 pub use measure::{MeasureOptions, MeasureReport, generated_c, measure, schedule_of};
 pub use progress::{NoProgress, Notes, Progress};
