@@ -739,3 +739,37 @@ fn bad_ensemble_files_are_clear_errors_not_panics() {
         )
         .unwrap();
 }
+
+/// The paired gain that decides a transfer: one ranking's gain over another is the other's
+/// loss, and a shift common to both tasks' values cancels.
+#[test]
+fn the_paired_gain_is_antisymmetric_and_ignores_what_both_share() {
+    use proptest::prelude::*;
+    use tessel_model::metrics::paired_gain;
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(300));
+    runner
+        .run(
+            &(
+                proptest::collection::vec((0.0f64..1.0, 0.0f64..1.0), 0..60),
+                -0.5f64..0.5,
+            ),
+            |(pairs, shift)| {
+                let (a, b): (Vec<f64>, Vec<f64>) = pairs.into_iter().unzip();
+                let (ab, ba) = (paired_gain(&a, &b), paired_gain(&b, &a));
+                prop_assert!((ab.mean + ba.mean).abs() < 1e-12);
+                prop_assert_eq!(ab.standard_error, ba.standard_error);
+                prop_assert_eq!(ab.tasks, a.len());
+                prop_assert!(!ab.z().is_nan());
+                prop_assert!(ab.z() == -ba.z() || (ab.z() + ba.z()).abs() < 1e-9);
+                let shifted = |v: &[f64]| v.iter().map(|x| x + shift).collect::<Vec<_>>();
+                let s = paired_gain(&shifted(&a), &shifted(&b));
+                prop_assert!((s.mean - ab.mean).abs() < 1e-9);
+                prop_assert!(
+                    (s.standard_error - ab.standard_error).abs() < 1e-9
+                        || (s.standard_error.is_infinite() && ab.standard_error.is_infinite())
+                );
+                Ok(())
+            },
+        )
+        .unwrap();
+}
