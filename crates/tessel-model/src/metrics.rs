@@ -46,12 +46,7 @@ pub fn top_k_score(tasks: &[Ranked], k: usize) -> f64 {
 /// the same, so no single heavy task decides it (the top-k score weighs by latency). 1.0 is
 /// perfect; 0.0 without tasks.
 pub fn top_k_task_mean(tasks: &[Ranked], k: usize) -> f64 {
-    let ratios: Vec<f64> = tasks
-        .iter()
-        .filter_map(|t| best_and_chosen(t, k))
-        .filter(|(_, chosen)| *chosen > 0.0)
-        .map(|(best, chosen)| best / chosen)
-        .collect();
+    let ratios: Vec<f64> = tasks.iter().filter_map(|t| task_ratio(t, k)).collect();
     if ratios.is_empty() {
         0.0
     } else {
@@ -82,11 +77,7 @@ pub fn task_criteria(tasks: &[Ranked]) -> Vec<f64> {
     tasks
         .iter()
         .map(|t| {
-            let ratio = |k| {
-                best_and_chosen(t, k)
-                    .filter(|(_, chosen)| *chosen > 0.0)
-                    .map_or(0.0, |(best, chosen)| best / chosen)
-            };
+            let ratio = |k| task_ratio(t, k).unwrap_or(0.0);
             let (c, d, ties) = pair_counts(t);
             let all = c + d + ties;
             let pairwise = if all > 0.0 {
@@ -147,6 +138,14 @@ pub fn paired_gain(candidate: &[f64], incumbent: &[f64]) -> PairedGain {
         standard_error,
         tasks: n,
     }
+}
+
+/// One task's `best_t / chosen_t` for the k highest-ranked (None without candidates or
+/// with a chosen latency that is not positive).
+fn task_ratio(t: &Ranked, k: usize) -> Option<f64> {
+    best_and_chosen(t, k)
+        .filter(|(_, chosen)| *chosen > 0.0)
+        .map(|(best, chosen)| best / chosen)
 }
 
 /// A task's best latency and the best among the ranking's k highest-scored candidates

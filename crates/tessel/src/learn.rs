@@ -641,9 +641,11 @@ fn choose_transfer(validation: Option<&TransferValidation>, has_trees: bool) -> 
     }
     let (incumbent_name, incumbent) = v.as_it_came(has_trees);
     let mut best = (incumbent_name, incumbent.criterion);
+    // Each candidate's gain over the model as it came: `TransferValidation::with_gains`
+    // (the model itself has none).
     for (name, score) in v.candidates() {
         let Some(s) = score else { continue };
-        let gain = metrics::paired_gain(&s.per_task, &incumbent.per_task);
+        let Some(gain) = s.gain else { continue };
         if s.criterion > best.1 && gain.mean > 0.0 && gain.z() >= TRANSFER_MIN_GAIN_Z {
             best = (name, s.criterion);
         }
@@ -1042,9 +1044,14 @@ mod tests {
         }
     }
 
+    /// What a transfer keeps of `v`, its gains filled as `validate_transfer` fills them.
+    fn chosen(v: &TransferValidation, has_trees: bool) -> &'static str {
+        choose_transfer(Some(&v.clone().with_gains(has_trees)), has_trees)
+    }
+
     #[test]
     fn a_transfer_keeps_the_pretrained_model_unless_training_beats_it_on_the_shots() {
-        let choose = |p, f, e, s| choose_transfer(Some(&validation(p, f, e, s)), false);
+        let choose = |p, f, e, s| chosen(&validation(p, f, e, s), false);
         assert_eq!(choose_transfer(None, false), "pretrained");
         assert_eq!(choose(0.7, 0.8, None, 0.6), "fine-tuned");
         // Fine-tuning that hurts on the validation tasks is dropped.
@@ -1061,14 +1068,14 @@ mod tests {
             validation_pairs: MIN_VALIDATION_PAIRS - 1,
             ..validation(0.6, 0.7, Some(0.75), 0.9)
         };
-        assert_eq!(choose_transfer(Some(&thin), false), "pretrained");
+        assert_eq!(chosen(&thin, false), "pretrained");
         // The pretrained model's own trees, beside it or beside the fine-tuned network.
         let with_trees = |pre: f64, fine: f64| TransferValidation {
             pretrained_trees: Some(score(pre)),
             fine_tuned_pretrained_trees: Some(score(fine)),
             ..validation(0.6, 0.7, Some(0.75), 0.72)
         };
-        let choose = |v: &TransferValidation| choose_transfer(Some(v), true);
+        let choose = |v: &TransferValidation| chosen(v, true);
         assert_eq!(choose(&with_trees(0.8, 0.7)), "pretrained+trees");
         assert_eq!(choose(&with_trees(0.7, 0.8)), "fine-tuned+pretrained-trees");
         assert_eq!(choose(&with_trees(0.7, 0.74)), "fine-tuned+ensemble");
@@ -1122,13 +1129,13 @@ mod tests {
             pretrained: noisy(mean, lucky.clone()),
             ..v
         };
-        assert_eq!(choose_transfer(Some(&v), true), "pretrained+trees");
+        assert_eq!(chosen(&v, true), "pretrained+trees");
         // The same lead on every task is no noise: the candidate is kept.
         let v = TransferValidation {
             pretrained: noisy(0.85, vec![0.85; 40]),
             ..v
         };
-        assert_eq!(choose_transfer(Some(&v), true), "pretrained");
+        assert_eq!(chosen(&v, true), "pretrained");
         // The gains the report prints are over the model as it came.
         let v = v.with_gains(true);
         assert!(
