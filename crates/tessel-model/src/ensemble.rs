@@ -31,7 +31,7 @@ use flate2::write::GzEncoder;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::gbt::Gbt;
+use crate::gbt::{Gbt, TreeRecipe};
 use crate::metrics;
 use crate::rows::RowKind;
 use crate::train::{TREE_ROWS, by_task, log_labels, tree_rows, tree_weights};
@@ -40,6 +40,8 @@ use crate::{Dataset, ModelError};
 /// The trees fitted beside a model, and the scales that weigh the two.
 pub struct Companions {
     pub trees: Gbt,
+    /// How the trees were grown (files without it: the default recipe).
+    pub recipe: TreeRecipe,
     /// The rows the trees were fitted on ([`crate::rows`]).
     pub rows: RowKind,
     /// Within-task spread of the network's and the trees' scores on the training records:
@@ -118,6 +120,9 @@ struct File {
     /// Absent in files written before grouped rows: those were fitted on pooled rows.
     #[serde(default)]
     rows: RowKind,
+    /// Absent in files written before recipes: the default one.
+    #[serde(default)]
+    recipe: TreeRecipe,
     trees: serde_json::Value,
 }
 
@@ -131,6 +136,16 @@ impl Companions {
     /// weighted by relative throughput) and the scales
     /// from their scores and the network's (`model_scores`, one per sample).
     pub fn fit(data: &Dataset, model_scores: &[f32], seed: u64) -> Result<Companions, ModelError> {
+        Companions::fit_with(data, model_scores, seed, &TreeRecipe::default())
+    }
+
+    /// Fits as [`Companions::fit`] does, the trees grown by `recipe`.
+    pub fn fit_with(
+        data: &Dataset,
+        model_scores: &[f32],
+        seed: u64,
+        recipe: &TreeRecipe,
+    ) -> Result<Companions, ModelError> {
         if model_scores.len() != data.samples.len() {
             return Err(ModelError::Data(format!(
                 "{} model scores for {} records",
@@ -139,7 +154,7 @@ impl Companions {
             )));
         }
         let (rows, labels) = (tree_rows(data, TREE_ROWS), log_labels(data));
-        let trees = Gbt::fit(&rows, &labels, Some(&tree_weights(data)), seed)?;
+        let trees = Gbt::fit_with(&rows, &labels, Some(&tree_weights(data)), seed, recipe)?;
         let tree_scores = trees.predict(&rows);
         // A program the network could not score (`f32::MIN`) says nothing about its spread.
         let model_scores: Vec<f64> = model_scores
@@ -152,6 +167,7 @@ impl Companions {
         };
         Ok(Companions {
             trees,
+            recipe: *recipe,
             rows: TREE_ROWS,
             scales,
             weights: Weights::default(),
@@ -243,6 +259,7 @@ impl Companions {
             records: self.records,
             tasks: self.tasks,
             rows: self.rows,
+            recipe: self.recipe,
             weights: self.weights,
             trees: self.trees.to_json()?,
         };
@@ -298,7 +315,17 @@ impl Companions {
             )));
         }
         let columns = file.rows.len(width);
+        file.recipe
+            .check()
+            .map_err(|e| format(format!("tree recipe: {e}")))?;
         let trees = Gbt::from_json(&file.trees).map_err(format)?;
+        if trees.bags() != file.recipe.bags {
+            return Err(format(format!(
+                "{} boosters, the recipe says bags={}",
+                trees.bags(),
+                file.recipe.bags
+            )));
+        }
         if trees.columns() != columns {
             return Err(format(format!(
                 "trees take {} columns, the {:?} rows of {width}-column features have {columns}",
@@ -331,6 +358,7 @@ impl Companions {
         }
         Ok(Some(Companions {
             trees,
+            recipe: file.recipe,
             rows: file.rows,
             scales: s,
             weights: w,

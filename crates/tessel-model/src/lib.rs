@@ -337,9 +337,10 @@ impl Model {
         train: &Dataset,
         val: &Dataset,
         seed: u64,
+        recipe: &gbt::TreeRecipe,
     ) -> Result<ensemble::MixChoice, ModelError> {
         let scores = self.predict(&train::sample_tokens(train));
-        let mut companions = Companions::fit(train, &scores, seed)?;
+        let mut companions = Companions::fit_with(train, &scores, seed, recipe)?;
         let scores = self.predict(&train::sample_tokens(val));
         let choice = companions.choose_mix(val, &scores)?;
         self.companions = Some(std::sync::Arc::new(companions));

@@ -2,6 +2,7 @@
 //! candle forward, a tiny model learns a synthetic ranking, files round-trip and bad files fail.
 
 use candle_core::{Device, Tensor};
+use tessel_model::gbt::TreeRecipe;
 use tessel_model::net::{self, InitRng};
 use tessel_model::train::{Trainable, rank, split_tasks};
 use tessel_model::{
@@ -588,7 +589,7 @@ fn the_mix_is_chosen_on_validation_tasks_and_saved_with_the_trees() {
     let (train_set, val_set) = (synthetic(6, 40, 21), synthetic(4, 30, 22));
     let mut model = Model::new(small_config(), 3).unwrap();
     let choice = model
-        .fit_companions_judged(&train_set, &val_set, 1)
+        .fit_companions_judged(&train_set, &val_set, 1, &Default::default())
         .unwrap();
     // Every share was tried, and the one kept scores best.
     assert_eq!(
@@ -613,6 +614,33 @@ fn the_mix_is_chosen_on_validation_tasks_and_saved_with_the_trees() {
     model.save(&path).unwrap();
     let mut loaded = Model::load(&path).unwrap();
     assert_eq!(loaded.companions.as_ref().unwrap().weights, weights);
+    let tokens: Vec<&[f32]> = val_set.samples.iter().map(|s| &s.tokens[..]).collect();
+    assert_eq!(
+        model.predict_ranking(&tokens),
+        loaded.predict_ranking(&tokens)
+    );
+}
+
+#[test]
+fn bagged_trees_are_saved_with_their_recipe_and_score_the_same_when_loaded() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("model-ensemble-bags");
+    let (train_set, val_set) = (synthetic(6, 40, 31), synthetic(4, 30, 32));
+    let recipe: TreeRecipe = "rounds=40,subsample=0.7,colsample=0.8,bags=3"
+        .parse()
+        .unwrap();
+    let mut model = Model::new(small_config(), 3).unwrap();
+    model
+        .fit_companions_judged(&train_set, &val_set, 1, &recipe)
+        .unwrap();
+    let c = model.companions.as_ref().unwrap();
+    assert_eq!((c.recipe, c.trees.bags()), (recipe, 3));
+    // The bag still learns the synthetic cost the network (untrained) cannot.
+    let ensemble = metrics::evaluate(&tessel_model::train::rank_ensemble(&mut model, &val_set));
+    assert!(ensemble.pairwise_accuracy > 0.7, "{ensemble:?}");
+    let path = dir.join("m");
+    model.save(&path).unwrap();
+    let mut loaded = Model::load(&path).unwrap();
+    assert_eq!(loaded.companions.as_ref().map(|c| c.recipe), Some(recipe));
     let tokens: Vec<&[f32]> = val_set.samples.iter().map(|s| &s.tokens[..]).collect();
     assert_eq!(
         model.predict_ranking(&tokens),
@@ -669,6 +697,14 @@ fn bad_ensemble_files_are_clear_errors_not_panics() {
             good.replacen("\"weights\":{", "\"weights\":{\"model\":-1,\"was\":", 1),
         ),
         (
+            "a recipe of more bags than boosters",
+            good.replacen("\"bags\":1", "\"bags\":2", 1),
+        ),
+        (
+            "a recipe out of range",
+            good.replacen("\"depth\":6", "\"depth\":0", 1),
+        ),
+        (
             "a zero scale",
             good.replacen(
                 "\"scales\":{\"model\":",
@@ -698,6 +734,14 @@ fn bad_ensemble_files_are_clear_errors_not_panics() {
             model: 1.0,
             trees: 1.0
         })
+    );
+    // A file written before recipes were recorded was grown by the default one.
+    let start = good.find("\"recipe\":{").unwrap();
+    let end = start + good[start..].find('}').unwrap() + 2;
+    let old = load_with(&format!("{}{}", &good[..start], &good[end..])).unwrap();
+    assert_eq!(
+        old.companions.as_ref().map(|c| c.recipe),
+        Some(TreeRecipe::default())
     );
     // A file written before the trees' rows were named was fitted on pooled rows.
     assert!(good.contains("\"rows\":\"grouped\","));

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 use tessel_model::ensemble::MixChoice;
+use tessel_model::gbt::TreeRecipe;
 use tessel_model::train::{gbt_rank, rank, rank_ensemble, ridge_rank, roofline_rank, split_tasks};
 use tessel_model::{Dataset, Loss, Metrics, Model, Ranked, TrainOptions, metrics, train};
 
@@ -57,6 +58,10 @@ pub struct HeldOutOptions {
     /// Leave out the primitive-sequence ablation (a second model to train).
     #[cfg_attr(feature = "clap", arg(long))]
     pub no_ablation: bool,
+    /// How the ensemble's trees are grown (`rounds=,depth=,rate=,subsample=,colsample=,bags=`;
+    /// as `pretrain --trees`). The trees baseline keeps the default recipe.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = TreeRecipe::default()))]
+    pub trees: TreeRecipe,
 }
 
 impl HeldOutOptions {
@@ -71,6 +76,7 @@ impl HeldOutOptions {
             architecture: Architecture::default(),
             seed: 1,
             no_ablation: false,
+            trees: TreeRecipe::default(),
         }
     }
 }
@@ -210,6 +216,7 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
         &train_set.subset(&fit_ids),
         &train_set.subset(&val_ids),
         o.seed,
+        &o.trees,
     )?;
     // The trees baseline sees every training task.
     let gbt = gbt_rank(&train_set, &test_set, o.seed);

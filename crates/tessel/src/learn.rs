@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use tessel_features::WIDTH;
 use tessel_model::ensemble::MixChoice;
+use tessel_model::gbt::TreeRecipe;
 use tessel_model::metrics::PairedGain;
 use tessel_model::train::{
     Comparison, Trainable, compare_with_trees, gbt_rank, rank, rank_ensemble, ridge_rank,
@@ -71,6 +72,11 @@ pub struct PretrainOptions {
     /// (`NAME.ensemble.json.gz`; `tune` and `eval` use them).
     #[cfg_attr(feature = "clap", arg(long))]
     pub no_ensemble: bool,
+    /// How the ensemble's trees are grown: `rounds=,depth=,rate=,subsample=,colsample=,bags=`
+    /// (keys left out keep the default; `bags` > 1 averages boosters grown on their own
+    /// samples, which needs `subsample` < 1 to differ).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = TreeRecipe::default()))]
+    pub trees: TreeRecipe,
 }
 
 /// The attention network's shape, for the commands that train a new model.
@@ -132,6 +138,7 @@ impl PretrainOptions {
             force: false,
             fastest_run: false,
             no_ensemble: false,
+            trees: TreeRecipe::default(),
         }
     }
 }
@@ -217,7 +224,7 @@ pub fn pretrain(o: &PretrainOptions, progress: &mut dyn Progress) -> Result<Pret
         if val_ids.is_empty() {
             model.fit_companions(&fit, o.seed)?;
         } else {
-            ensemble_mix = Some(model.fit_companions_judged(&fit, &val, o.seed)?);
+            ensemble_mix = Some(model.fit_companions_judged(&fit, &val, o.seed, &o.trees)?);
         }
     }
     // The validation's trees column is the ensemble's trees where they were fitted.

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 use tessel_features::WIDTH;
 use tessel_model::ensemble::MixChoice;
+use tessel_model::gbt::TreeRecipe;
 use tessel_model::train::{rank, rank_ensemble, split_tasks};
 use tessel_model::{Companions, Metrics, Model, metrics};
 
@@ -49,6 +50,11 @@ pub struct RefitOptions {
     /// Replace the trees even when the validation says the old ones rank better.
     #[cfg_attr(feature = "clap", arg(long))]
     pub force: bool,
+    /// How the ensemble's trees are grown: `rounds=,depth=,rate=,subsample=,colsample=,bags=`
+    /// (keys left out keep the default; `bags` > 1 averages boosters grown on their own
+    /// samples, which needs `subsample` < 1 to differ).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = TreeRecipe::default()))]
+    pub trees: TreeRecipe,
 }
 
 /// What `refit-trees` did.
@@ -122,7 +128,7 @@ pub fn refit_trees(o: &RefitOptions, progress: &mut dyn Progress) -> Result<Refi
         train.samples.len(),
         train.tasks.len()
     ));
-    let mix = model.fit_companions_judged(&train, &val, o.seed)?;
+    let mix = model.fit_companions_judged(&train, &val, o.seed, &o.trees)?;
     let (after, after_criterion) = judged(&mut model);
     let replaced = o.force || before.is_none_or(|(_, c)| after_criterion >= c);
     if replaced {
