@@ -386,8 +386,8 @@ fn mix(what: &str, m: &tessel::model::ensemble::MixChoice) {
 
 pub fn refit_trees(r: &tessel::RefitReport) {
     println!(
-        "{} records of {} tasks; trees fitted on {} records, judged on {} validation tasks",
-        r.records, r.tasks, r.fit_records, r.validation_tasks
+        "{} records of {} tasks; trees fitted on {} records, judged on {} validation tasks ({})",
+        r.records, r.tasks, r.fit_records, r.validation_tasks, r.validation_from
     );
     println!(
         "  {:<16} {:>6} {:>6} {:>9} {:>10}",
@@ -406,11 +406,20 @@ pub fn refit_trees(r: &tessel::RefitReport) {
     }
     row("with new trees", &r.after, Some(r.after_criterion));
     mix("new trees", &r.mix);
+    if let Some(g) = &r.gain {
+        println!(
+            "new over old trees, task by task: {:+.3} ({:.1} standard errors over {} tasks; {:.0} needed to replace)",
+            g.mean,
+            g.z(),
+            g.tasks,
+            tessel::REPLACE_MIN_GAIN_Z
+        );
+    }
     if r.replaced {
         println!("saved {} (the new trees)", r.ensemble.display());
     } else {
         println!(
-            "kept {}: the old trees rank the validation tasks better (--force replaces them)",
+            "kept {}: the new trees do not rank the validation tasks better beyond the noise (--force replaces them)",
             r.ensemble.display()
         );
     }

@@ -98,8 +98,8 @@ fn gpu_model_targets_run_the_whole_pipeline() {
     let share = report["ensemble_mix"]["tree_share"].as_f64();
     assert!(share.is_some_and(|s| (0.0..=1.0).contains(&s)), "{report}");
 
-    // The trees fitted again beside the same network: replaced only when the validation
-    // ranks at least as well (or `--force`), judged against the old ones.
+    // The trees fitted again beside the same network: replaced only when they lead the old
+    // ones on the validation tasks beyond the noise (or `--force`).
     let refit = |extra: &[&str]| {
         let mut args = vec![
             "refit-trees",
@@ -120,11 +120,11 @@ fn gpu_model_targets_run_the_whole_pipeline() {
         Some(11),
         "{report}"
     );
-    let (old, new) = (
-        report["before_criterion"].as_f64(),
-        report["after_criterion"].as_f64(),
-    );
-    assert_eq!(report["replaced"].as_bool(), Some(new >= old), "{report}");
+    // Judged on the tasks pretrain held out, which the model lists; one task says nothing
+    // of the noise (its gain has no standard error), so the old trees stay.
+    assert_eq!(report["validation_from"], "the model's own", "{report}");
+    assert_eq!(report["gain"]["tasks"], 1, "{report}");
+    assert_eq!(report["replaced"].as_bool(), Some(false), "{report}");
     assert_eq!(refit(&["--force"])["replaced"], true);
     // The network is untouched.
     assert_eq!(

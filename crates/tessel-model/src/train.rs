@@ -62,8 +62,13 @@ pub struct TrainOptions {
     pub group_size: usize,
     /// Steps per epoch (default: about one pass over the training samples, at least 16).
     pub steps_per_epoch: Option<usize>,
-    /// Share of tasks held out for validation and early stopping (0: none).
+    /// Share of tasks held out for validation and early stopping (0: none), chosen by their
+    /// keys ([`split_tasks_by_key`]).
     pub val_fraction: f64,
+    /// The validation tasks by index, instead of a share of them (`pretrain` passes the split
+    /// it saves with the model).
+    #[serde(skip)]
+    pub val_tasks: Option<Vec<usize>>,
     /// Epochs without improvement before stopping.
     pub patience: usize,
     pub trainable: Trainable,
@@ -82,6 +87,7 @@ impl Default for TrainOptions {
             group_size: 32,
             steps_per_epoch: None,
             val_fraction: 0.2,
+            val_tasks: None,
             patience: 8,
             trainable: Trainable::All,
             seed: 1,
@@ -111,7 +117,94 @@ pub struct TrainReport {
     pub val_tasks: usize,
 }
 
-/// Splits task indices into (train, validation), seeded.
+/// Splits the tasks of `data` into (train, validation) by their keys: a task is in
+/// validation when its seeded hash is among the `val_fraction` smallest. Unlike
+/// [`split_tasks`], which splits positions, a task keeps its side however the records are
+/// ordered: a dataset whose records were measured again (appended, the old ones superseded)
+/// splits as before, so tasks a model was validated on stay unseen by its trees. (Positional
+/// splits moved 30 of 42 validation tasks after the 2026-12-05 remeasures.)
+pub fn split_tasks_by_key(
+    data: &Dataset,
+    val_fraction: f64,
+    seed: u64,
+) -> (Vec<usize>, Vec<usize>) {
+    let n = data.tasks.len();
+    let mut order: Vec<(u64, usize)> = data
+        .tasks
+        .iter()
+        .enumerate()
+        .map(|(i, (key, _))| (key_hash(key, seed), i))
+        .collect();
+    order.sort_unstable();
+    let val = if n >= 2 && val_fraction > 0.0 {
+        ((n as f64 * val_fraction).round() as usize).clamp(1, n - 1)
+    } else {
+        0
+    };
+    let (v, t) = order.split_at(val);
+    let mut t: Vec<usize> = t.iter().map(|&(_, i)| i).collect();
+    let mut v: Vec<usize> = v.iter().map(|&(_, i)| i).collect();
+    t.sort_unstable();
+    v.sort_unstable();
+    (t, v)
+}
+
+/// The tasks of `data` named by `keys` as validation, the rest as training: `Err` with the
+/// keys `data` does not hold, or when nothing is left on one side.
+pub fn split_tasks_named(
+    data: &Dataset,
+    keys: &[String],
+) -> Result<(Vec<usize>, Vec<usize>), ModelError> {
+    let wanted: std::collections::HashSet<&str> = keys.iter().map(String::as_str).collect();
+    let (mut train, mut val) = (Vec::new(), Vec::new());
+    for (i, (key, _)) in data.tasks.iter().enumerate() {
+        if wanted.contains(key.as_str()) {
+            val.push(i);
+        } else {
+            train.push(i);
+        }
+    }
+    if val.len() != wanted.len() {
+        let held: std::collections::HashSet<&str> =
+            data.tasks.iter().map(|(k, _)| k.as_str()).collect();
+        let missing: Vec<&str> = keys
+            .iter()
+            .map(String::as_str)
+            .filter(|k| !held.contains(k))
+            .take(3)
+            .collect();
+        return Err(ModelError::Data(format!(
+            "{} of {} validation tasks are not in the data (e.g. `{}`)",
+            wanted.len() - val.len(),
+            wanted.len(),
+            missing.join("`, `")
+        )));
+    }
+    if val.is_empty() || train.is_empty() {
+        return Err(ModelError::Data(format!(
+            "{} validation tasks leave {} to train on",
+            val.len(),
+            train.len()
+        )));
+    }
+    Ok((train, val))
+}
+
+/// FNV-1a over the key's bytes, then a SplitMix64 finish with the seed mixed in.
+fn key_hash(key: &str, seed: u64) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let mut z = h ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Splits task indices into (train, validation) by position, seeded: for splits made and
+/// used within one run. Splits a saved model is later judged by use [`split_tasks_by_key`].
 pub fn split_tasks(n: usize, val_fraction: f64, seed: u64) -> (Vec<usize>, Vec<usize>) {
     let mut order: Vec<usize> = (0..n).collect();
     let mut rng = InitRng::new(seed ^ 0x5eed);
@@ -369,7 +462,20 @@ pub fn train(
     if data.samples.is_empty() {
         return Err(ModelError::Data("no samples to train on".into()));
     }
-    let (train_ids, val_ids) = split_tasks(data.tasks.len(), opts.val_fraction, opts.seed);
+    let (train_ids, val_ids) = match &opts.val_tasks {
+        Some(val) => {
+            if let Some(&bad) = val.iter().find(|&&i| i >= data.tasks.len()) {
+                return Err(ModelError::Data(format!(
+                    "validation task {bad} of {} tasks",
+                    data.tasks.len()
+                )));
+            }
+            let val: std::collections::BTreeSet<usize> = val.iter().copied().collect();
+            let train = (0..data.tasks.len()).filter(|i| !val.contains(i)).collect();
+            (train, val.into_iter().collect())
+        }
+        None => split_tasks_by_key(data, opts.val_fraction, opts.seed),
+    };
     let train_set = data.subset(&train_ids);
     let val_set = data.subset(&val_ids);
     if model.info.normalizer == Normalizer::identity(data.width) {
@@ -583,5 +689,109 @@ pub fn transfer_options(trainable: Trainable, pretrain: &TrainOptions) -> TrainO
         warmup: 0.0,
         trainable,
         ..pretrain.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Sample;
+
+    /// A dataset of tasks named `keys`, one record each.
+    fn tasks_named(keys: &[String]) -> Dataset {
+        let tasks = keys.iter().map(|k| (k.clone(), 1.0)).collect();
+        let samples = (0..keys.len())
+            .map(|task| Sample {
+                task,
+                tokens: vec![1.0; 4],
+                latency: 1.0,
+            })
+            .collect();
+        Dataset::new(tasks, samples, 4).unwrap()
+    }
+
+    fn keys_of(data: &Dataset, ids: &[usize]) -> Vec<String> {
+        let mut k: Vec<String> = ids.iter().map(|&i| data.tasks[i].0.clone()).collect();
+        k.sort();
+        k
+    }
+
+    proptest::proptest! {
+        /// However the records (and so the tasks) are ordered, the same tasks validate.
+        #[test]
+        fn a_task_keeps_its_side_of_the_split_whatever_the_order(
+            n in 2usize..80,
+            rotate in 0usize..80,
+            reverse: bool,
+            seed: u64,
+        ) {
+            let keys: Vec<String> = (0..n).map(|i| format!("dense:m={i} @ avx2 @ zen")).collect();
+            let mut moved = keys.clone();
+            moved.rotate_left(rotate % n);
+            if reverse {
+                moved.reverse();
+            }
+            let (a, b) = (tasks_named(&keys), tasks_named(&moved));
+            let (ta, va) = split_tasks_by_key(&a, 0.2, seed);
+            let (tb, vb) = split_tasks_by_key(&b, 0.2, seed);
+            proptest::prop_assert_eq!(keys_of(&a, &va), keys_of(&b, &vb));
+            proptest::prop_assert_eq!(keys_of(&a, &ta), keys_of(&b, &tb));
+            proptest::prop_assert_eq!(va.len(), ((n as f64 * 0.2).round() as usize).clamp(1, n - 1));
+            proptest::prop_assert_eq!(ta.len() + va.len(), n);
+        }
+    }
+
+    #[test]
+    fn seeds_choose_other_tasks_and_no_share_means_no_validation() {
+        let keys: Vec<String> = (0..50).map(|i| format!("task {i}")).collect();
+        let data = tasks_named(&keys);
+        let (_, v1) = split_tasks_by_key(&data, 0.2, 1);
+        let (_, v2) = split_tasks_by_key(&data, 0.2, 2);
+        assert_eq!(v1.len(), 10);
+        assert_ne!(v1, v2);
+        let (t, v) = split_tasks_by_key(&data, 0.0, 1);
+        assert!(v.is_empty() && t.len() == 50);
+    }
+
+    #[test]
+    fn named_validation_tasks_must_all_be_in_the_data_and_leave_some_to_train() {
+        let keys: Vec<String> = (0..6).map(|i| format!("task {i}")).collect();
+        let data = tasks_named(&keys);
+        let (t, v) = split_tasks_named(&data, &keys[4..]).unwrap();
+        assert_eq!((t, v), (vec![0, 1, 2, 3], vec![4, 5]));
+        let e = split_tasks_named(&data, &["task 1".into(), "task 9".into()]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("1 of 2 validation tasks are not in the data (e.g. `task 9`)"),
+            "{e}"
+        );
+        let e = split_tasks_named(&data, &keys).unwrap_err();
+        assert!(e.to_string().contains("leave 0 to train on"), "{e}");
+        let e = split_tasks_named(&data, &[]).unwrap_err();
+        assert!(e.to_string().contains("0 validation tasks"), "{e}");
+    }
+
+    #[test]
+    fn training_on_named_validation_tasks_holds_exactly_those_out() {
+        let keys: Vec<String> = (0..5).map(|i| format!("task {i}")).collect();
+        let data = tasks_named(&keys);
+        let mut model = Model::new(crate::ModelConfig::new(4), 1).unwrap();
+        let opts = TrainOptions {
+            epochs: 1,
+            steps_per_epoch: Some(1),
+            val_tasks: Some(vec![3, 1]),
+            ..TrainOptions::default()
+        };
+        let r = train(&mut model, &data, &opts, &mut |_| {}).unwrap();
+        assert_eq!((r.train_tasks, r.val_tasks), (3, 2));
+        let bad = TrainOptions {
+            val_tasks: Some(vec![5]),
+            ..opts
+        };
+        let e = train(&mut model, &data, &bad, &mut |_| {}).unwrap_err();
+        assert!(
+            e.to_string().contains("validation task 5 of 5 tasks"),
+            "{e}"
+        );
     }
 }

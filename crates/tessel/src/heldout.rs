@@ -10,7 +10,9 @@ use std::path::PathBuf;
 use serde::Serialize;
 use tessel_model::ensemble::MixChoice;
 use tessel_model::gbt::TreeRecipe;
-use tessel_model::train::{gbt_rank, rank, rank_ensemble, ridge_rank, roofline_rank, split_tasks};
+use tessel_model::train::{
+    gbt_rank, rank, rank_ensemble, ridge_rank, roofline_rank, split_tasks_by_key,
+};
 use tessel_model::{Dataset, Loss, Metrics, Model, Ranked, TrainOptions, metrics, train};
 
 use crate::data::{Encoding, load_encoded, network_tasks};
@@ -211,7 +213,7 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
     // The ensemble as `pretrain` ships it: trees fitted on the network's training tasks,
     // the mix chosen on its early-stopping tasks (the same split `train` made).
     progress.note("fitting gradient-boosted trees");
-    let (fit_ids, val_ids) = split_tasks(train_set.tasks.len(), opts.val_fraction, o.seed);
+    let (fit_ids, val_ids) = split_tasks_by_key(&train_set, opts.val_fraction, o.seed);
     let mix = model.fit_companions_judged(
         &train_set.subset(&fit_ids),
         &train_set.subset(&val_ids),

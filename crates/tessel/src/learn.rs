@@ -10,7 +10,7 @@ use tessel_model::gbt::TreeRecipe;
 use tessel_model::metrics::PairedGain;
 use tessel_model::train::{
     Comparison, Trainable, compare_with_trees, gbt_rank, rank, rank_ensemble, ridge_rank,
-    roofline_rank, split_tasks, transfer_options,
+    roofline_rank, split_tasks, split_tasks_by_key, split_tasks_named, transfer_options,
 };
 use tessel_model::{
     Companions, Dataset, Loss, Metrics, Model, ModelConfig, Ranked, Sample, TrainOptions,
@@ -77,6 +77,11 @@ pub struct PretrainOptions {
     /// samples, which needs `subsample` < 1 to differ).
     #[cfg_attr(feature = "clap", arg(long, default_value_t = TreeRecipe::default()))]
     pub trees: TreeRecipe,
+    /// The validation tasks, one task key per line (e.g. those of the model this one may
+    /// replace, so both are judged on tasks neither trained on); default: a share
+    /// (`--val-fraction`) chosen by the tasks' keys. The model saves its own.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub validation_tasks: Option<PathBuf>,
 }
 
 /// The attention network's shape, for the commands that train a new model.
@@ -139,6 +144,7 @@ impl PretrainOptions {
             fastest_run: false,
             no_ensemble: false,
             trees: TreeRecipe::default(),
+            validation_tasks: None,
         }
     }
 }
@@ -185,11 +191,17 @@ pub fn pretrain(o: &PretrainOptions, progress: &mut dyn Progress) -> Result<Pret
     let label = Label::fastest_if(o.fastest_run);
     let (data, instructions) = load_labeled_instructions(&o.data, only.as_ref(), label, progress)?;
     let mut model = Model::new(o.architecture.config(WIDTH), o.seed)?;
+    let (train_ids, val_ids) = match &o.validation_tasks {
+        Some(path) => split_tasks_named(&data, &read_task_keys(path)?)
+            .with_context(|| format!("--validation-tasks {}", path.display()))?,
+        None => split_tasks_by_key(&data, o.val_fraction, o.seed),
+    };
     let opts = TrainOptions {
         loss: o.loss,
         epochs: o.epochs,
         lr: o.lr,
         val_fraction: o.val_fraction,
+        val_tasks: Some(val_ids.clone()),
         seed: o.seed,
         ..TrainOptions::default()
     };
@@ -214,7 +226,6 @@ pub fn pretrain(o: &PretrainOptions, progress: &mut dyn Progress) -> Result<Pret
         progress.update(e.epoch as u64, "");
     })?;
     progress.finish();
-    let (train_ids, val_ids) = split_tasks(data.tasks.len(), o.val_fraction, o.seed);
     let mut ensemble_mix = None;
     if !o.no_ensemble {
         // Fitted on the network's training tasks only, so validation stays unseen; the mix
@@ -250,6 +261,9 @@ pub fn pretrain(o: &PretrainOptions, progress: &mut dyn Progress) -> Result<Pret
         "options": opts,
         "best_epoch": training.best_epoch,
         "epochs": training.epochs,
+        // What `refit-trees` and a later `pretrain --validation-tasks` judge on: tasks this
+        // model never trained on.
+        VALIDATION_TASKS: task_keys(&data, &val_ids),
     });
     model.save(&o.out)?;
     Ok(PretrainReport {
@@ -264,6 +278,44 @@ pub fn pretrain(o: &PretrainOptions, progress: &mut dyn Progress) -> Result<Pret
         saved_ensemble: model.companions.is_some().then(|| Companions::path(&o.out)),
         ensemble_mix,
     })
+}
+
+/// The provenance field that lists a model's validation tasks by key.
+pub const VALIDATION_TASKS: &str = "validation_tasks";
+
+/// The keys of tasks `ids` of `data`.
+fn task_keys(data: &Dataset, ids: &[usize]) -> Vec<String> {
+    ids.iter().map(|&i| data.tasks[i].0.clone()).collect()
+}
+
+/// The validation tasks a saved model lists in its provenance (`None`: models trained
+/// before they were recorded).
+pub fn validation_tasks_of(model: &Model) -> Option<Vec<String>> {
+    let list = model.info.provenance.get(VALIDATION_TASKS)?.as_array()?;
+    list.iter()
+        .map(|k| k.as_str().map(str::to_string))
+        .collect()
+}
+
+/// Task keys from a file, one per line (blank lines skipped); an empty file or a repeated
+/// key is an error naming the file.
+pub fn read_task_keys(path: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading task keys from {}", path.display()))?;
+    let keys: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect();
+    if keys.is_empty() {
+        bail!("{} lists no task keys", path.display());
+    }
+    let mut seen = std::collections::HashSet::new();
+    if let Some(k) = keys.iter().find(|k| !seen.insert(k.as_str())) {
+        bail!("{} lists task `{k}` twice", path.display());
+    }
+    Ok(keys)
 }
 
 /// How to fine-tune.

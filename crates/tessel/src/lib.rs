@@ -70,11 +70,12 @@ pub use heldout::{HeldOutOptions, HeldOutReport, NetworkScores, Scores, TEST_NET
 pub use learn::{
     Architecture, EvalOptions, EvalReport, HELD_OUT_NETWORKS, MIN_VALIDATION_PAIRS,
     PretrainOptions, PretrainReport, SHIPPED_DATASETS, TRANSFER_MIN_GAIN_Z, TaskPick,
-    TransferOptions, TransferReport, eval, load_model, pretrain, transfer,
+    TransferOptions, TransferReport, VALIDATION_TASKS, eval, load_model, pretrain, read_task_keys,
+    transfer, validation_tasks_of,
 };
 pub use measure::{MeasureOptions, MeasureReport, generated_c, measure, schedule_of};
 pub use progress::{NoProgress, Notes, Progress};
-pub use refit::{RefitOptions, RefitReport, refit_trees};
+pub use refit::{REPLACE_MIN_GAIN_Z, RefitOptions, RefitReport, refit_trees};
 pub use remeasure::{Change, RemeasureOptions, RemeasureReport, remeasure};
 pub use searcheval::{
     Ranking, SearchEvalOptions, SearchEvalReport, SearchRun, SearchTask, best_so_far, search_eval,

@@ -4,9 +4,11 @@
 //! minutes and a retrain moves its figures by more than most changes do. When the trees'
 //! recipe improves, or the records' labels are corrected, the trees can be fitted again on
 //! the records `pretrain` selected (the same networks, labels and training split) without
-//! touching the network. The new trees replace the old only when the ensemble ranks the
-//! validation tasks at least as well with them (the criterion early stopping uses), unless
-//! `--force`.
+//! touching the network. The validation tasks are the model's own (`pretrain` lists them in
+//! its provenance), so neither its network nor its old trees trained on them. The new trees
+//! replace the old only when the ensemble ranks those tasks better with them, by
+//! [`REPLACE_MIN_GAIN_Z`] standard errors of the per-task gain in the criterion early
+//! stopping uses, unless `--force`.
 
 use std::path::PathBuf;
 
@@ -14,12 +16,20 @@ use serde::Serialize;
 use tessel_features::WIDTH;
 use tessel_model::ensemble::MixChoice;
 use tessel_model::gbt::TreeRecipe;
-use tessel_model::train::{rank, rank_ensemble, split_tasks};
+use tessel_model::metrics::PairedGain;
+use tessel_model::train::{rank, rank_ensemble, split_tasks_by_key, split_tasks_named};
 use tessel_model::{Companions, Metrics, Model, metrics};
 
 use crate::data::{Label, load_labeled, network_filter_except};
-use crate::error::{Result, bail};
+use crate::error::{Context, Result, bail};
+use crate::learn::{read_task_keys, validation_tasks_of};
 use crate::progress::Progress;
+
+/// How far new trees must lead the old, in standard errors of their per-task gain on the
+/// validation tasks, to replace them (the bar a transfer clears to leave a model as it came,
+/// [`crate::TRANSFER_MIN_GAIN_Z`]): fits on nearly the same records differ by a few
+/// hundredths on 42 tasks, and a lead within that is luck.
+pub const REPLACE_MIN_GAIN_Z: f64 = crate::TRANSFER_MIN_GAIN_Z;
 
 /// How to fit a model's trees again.
 #[derive(Clone, Debug)]
@@ -37,8 +47,8 @@ pub struct RefitOptions {
     /// Leave out every task of these networks (as `pretrain`).
     #[cfg_attr(feature = "clap", arg(long = "exclude-network", value_delimiter = ','))]
     pub exclude_networks: Vec<String>,
-    /// Share of tasks held out for validation: `pretrain`'s, so the trees see only the
-    /// network's training tasks.
+    /// Share of tasks held out for validation, for a model that does not list its own
+    /// validation tasks (models trained before 2026-12-05's sixteenth session): `pretrain`'s.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 0.2))]
     pub val_fraction: f64,
     /// `pretrain`'s seed (the split and the trees).
@@ -55,6 +65,10 @@ pub struct RefitOptions {
     /// samples, which needs `subsample` < 1 to differ).
     #[cfg_attr(feature = "clap", arg(long, default_value_t = TreeRecipe::default()))]
     pub trees: TreeRecipe,
+    /// The validation tasks, one task key per line; default: those the model lists (its
+    /// `pretrain` held them out), else a share chosen by the tasks' keys.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub validation_tasks: Option<PathBuf>,
 }
 
 /// What `refit-trees` did.
@@ -66,6 +80,10 @@ pub struct RefitReport {
     pub tasks: usize,
     /// Tasks the trees are judged on (never fitted on).
     pub validation_tasks: usize,
+    /// Where those tasks came from: `the model's own`, a file, or `a split by key`. Only
+    /// the model's own (or a file listing them) are tasks its network and old trees never
+    /// trained on; on others the old trees' figures may be flattered.
+    pub validation_from: String,
     /// Records the new trees were fitted on.
     pub fit_records: usize,
     /// The network alone on the validation tasks.
@@ -78,6 +96,9 @@ pub struct RefitReport {
     pub after: Metrics,
     /// Its selection criterion.
     pub after_criterion: f64,
+    /// The new trees' gain over the old on the validation tasks' criteria, task by task
+    /// (`None`: the model had no trees).
+    pub gain: Option<PairedGain>,
     /// The new trees' mix with the network, chosen on the validation tasks (so their figure
     /// is the best of the shares tried there, a little optimistic beside the old trees').
     pub mix: MixChoice,
@@ -111,7 +132,33 @@ pub fn refit_trees(o: &RefitOptions, progress: &mut dyn Progress) -> Result<Refi
         Label::fastest_if(o.fastest_run),
         progress,
     )?;
-    let (train_ids, val_ids) = split_tasks(data.tasks.len(), o.val_fraction, o.seed);
+    let (train_ids, val_ids, validation_from) = match (
+        &o.validation_tasks,
+        validation_tasks_of(&model),
+    ) {
+        (Some(path), _) => {
+            let (t, v) = split_tasks_named(&data, &read_task_keys(path)?)
+                .with_context(|| format!("--validation-tasks {}", path.display()))?;
+            (t, v, path.display().to_string())
+        }
+        (None, Some(keys)) => {
+            let (t, v) = split_tasks_named(&data, &keys).with_context(|| {
+                format!(
+                    "the validation tasks {} lists (pass --validation-tasks to choose others)",
+                    o.model.display()
+                )
+            })?;
+            (t, v, "the model's own".to_string())
+        }
+        (None, None) => {
+            progress.note(&format!(
+                "note: {} does not list its validation tasks; judging on a split by key, where its network and old trees may have trained on some",
+                o.model.display()
+            ));
+            let (t, v) = split_tasks_by_key(&data, o.val_fraction, o.seed);
+            (t, v, "a split by key".to_string())
+        }
+    };
     if train_ids.is_empty() || val_ids.is_empty() {
         bail!(
             "{} tasks cannot be split into training and validation tasks",
@@ -119,18 +166,27 @@ pub fn refit_trees(o: &RefitOptions, progress: &mut dyn Progress) -> Result<Refi
         );
     }
     let (train, val) = (data.subset(&train_ids), data.subset(&val_ids));
-    let judged = |model: &mut Model| metrics::evaluate_with_criterion(&rank_ensemble(model, &val));
     let network = metrics::evaluate(&rank(&mut model, &val));
-    let old = model.companions.clone();
-    let before = old.is_some().then(|| judged(&mut model));
+    let old_ranked = model
+        .companions
+        .is_some()
+        .then(|| rank_ensemble(&mut model, &val));
+    let before = old_ranked.as_deref().map(metrics::evaluate_with_criterion);
     progress.note(&format!(
         "fitting the trees on {} records of {} tasks",
         train.samples.len(),
         train.tasks.len()
     ));
     let mix = model.fit_companions_judged(&train, &val, o.seed, &o.trees)?;
-    let (after, after_criterion) = judged(&mut model);
-    let replaced = o.force || before.is_none_or(|(_, c)| after_criterion >= c);
+    let new_ranked = rank_ensemble(&mut model, &val);
+    let (after, after_criterion) = metrics::evaluate_with_criterion(&new_ranked);
+    let gain = old_ranked.as_deref().map(|old| {
+        metrics::paired_gain(
+            &metrics::task_criteria(&new_ranked),
+            &metrics::task_criteria(old),
+        )
+    });
+    let replaced = o.force || gain.is_none_or(|g| g.mean > 0.0 && g.z() >= REPLACE_MIN_GAIN_Z);
     if replaced {
         if let Some(p) = model.info.provenance.as_object_mut() {
             p.insert(
@@ -149,12 +205,14 @@ pub fn refit_trees(o: &RefitOptions, progress: &mut dyn Progress) -> Result<Refi
         records: data.samples.len(),
         tasks: data.tasks.len(),
         validation_tasks: val_ids.len(),
+        validation_from,
         fit_records: train.samples.len(),
         network,
         before: before.map(|(m, _)| m),
         before_criterion: before.map(|(_, c)| c),
         after,
         after_criterion,
+        gain,
         replaced,
         mix,
         ensemble: Companions::path(&o.model),

@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use tessel::{
     Architecture, DatasetOptions, Emit, EvalOptions, HeldOutOptions, ModelChoice, NoProgress,
-    Notes, PretrainOptions, RemeasureOptions, TargetSpec, TransferOptions, TuneOptions,
+    Notes, PretrainOptions, RefitOptions, RemeasureOptions, TargetSpec, TransferOptions,
+    TuneOptions,
 };
 
 /// Test harnesses cannot serve as workers: the façade's worker binary does.
@@ -118,6 +119,60 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
         "{}",
         saved.info.provenance
     );
+    // And the tasks it was validated on, by key: what its trees are judged on later.
+    let own = tessel::validation_tasks_of(&saved).expect("validation tasks listed");
+    assert_eq!(own.len(), trained.validation_tasks);
+    let refit = |validation_tasks: Option<PathBuf>| {
+        tessel::refit_trees(
+            &RefitOptions {
+                model: dir.join("m/model"),
+                data: vec![all.clone()],
+                networks: Vec::new(),
+                exclude_networks: Vec::new(),
+                val_fraction: 0.2,
+                seed: 1,
+                fastest_run: false,
+                // Judged, not written: the model stays as pretrain saved it.
+                force: false,
+                trees: "rounds=20".parse().unwrap(),
+                validation_tasks,
+            },
+            &mut NoProgress,
+        )
+    };
+    let r = refit(None).unwrap();
+    assert_eq!(
+        (r.validation_tasks, r.validation_from.as_str()),
+        (1, "the model's own")
+    );
+    // One validation task says nothing of the noise: whatever the new trees score there,
+    // the old ones stay.
+    let gain = r.gain.expect("the model had trees to compare with");
+    assert_eq!(gain.tasks, 1);
+    assert!(!r.replaced && r.before_criterion.is_some());
+    // Named in a file: one key per line; unknown keys, an empty file and repeats are errors.
+    let keys = dir.join("val.txt");
+    std::fs::write(&keys, format!("{}\n", own[0])).unwrap();
+    let r = refit(Some(keys.clone())).unwrap();
+    assert_eq!(r.validation_from, keys.display().to_string());
+    for (text, why) in [
+        (
+            "no such task\n".to_string(),
+            "1 of 1 validation tasks are not in the data",
+        ),
+        ("\n\n".to_string(), "lists no task keys"),
+        (format!("{0}\n{0}\n", own[0]), "twice"),
+    ] {
+        std::fs::write(&keys, text).unwrap();
+        let e = refit(Some(keys.clone())).unwrap_err();
+        let mut chain = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            chain = format!("{chain}: {s}");
+            source = s.source();
+        }
+        assert!(chain.contains(why), "{chain}");
+    }
 
     let eval = tessel::eval(
         &EvalOptions {
