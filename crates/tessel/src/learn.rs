@@ -827,12 +827,13 @@ fn refuse_overwrite(out: &Path, force: bool) -> Result<()> {
     Ok(())
 }
 
-/// K records for fine-tuning, drawn from half of the tasks (seeded); the other tasks test.
+/// K records for fine-tuning, drawn from half of the tasks (seeded, by key: records measured
+/// again do not move a task between the halves); the other tasks test.
 fn few_shot_split(data: &Dataset, k: usize, seed: u64) -> Result<(Dataset, Dataset)> {
     if data.tasks.len() < 2 {
         bail!("transfer needs at least two tasks (one to fine-tune on, one to test)");
     }
-    let (train_ids, test_ids) = split_tasks(data.tasks.len(), 0.5, seed);
+    let (train_ids, test_ids) = split_tasks_by_key(data, 0.5, seed);
     let pool = data.subset(&train_ids);
     let mut rng = Rng::new(seed);
     let mut idx: Vec<usize> = (0..pool.samples.len()).collect();
@@ -946,7 +947,7 @@ pub fn eval(o: &EvalOptions, progress: &mut dyn Progress) -> Result<EvalReport> 
         progress,
     )?;
     let ranked = rank(&mut model, &data);
-    let (a, b) = split_tasks(data.tasks.len(), 0.5, o.seed);
+    let (a, b) = split_tasks_by_key(&data, 0.5, o.seed);
     // The baselines never rank tasks they were fitted on: each half is ranked by a fit on
     // the other half.
     let cross = |fit: &dyn Fn(&Dataset, &Dataset) -> Vec<Ranked>| -> Vec<Ranked> {
