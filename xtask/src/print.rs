@@ -544,6 +544,23 @@ pub fn eval(r: &EvalReport) {
             );
         }
     }
+    if let Some(a) = &r.against {
+        println!(
+            "against {}: top-1 {:.3} top-5 {:.3} pairwise {:.3}; criterion {:.3} against this model's {:.3}",
+            a.model,
+            a.ranking.top1,
+            a.ranking.top5,
+            a.ranking.pairwise_accuracy,
+            a.criterion,
+            a.model_criterion
+        );
+        println!(
+            "this model's gain over it, task by task: {:+.3} ({:.1} standard errors over {} tasks)",
+            a.gain.mean,
+            a.gain.z(),
+            a.gain.tasks
+        );
+    }
 }
 
 pub fn held_out(r: &tessel::HeldOutReport) {

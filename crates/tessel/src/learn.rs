@@ -880,6 +880,29 @@ pub struct EvalOptions {
     /// ever adds time).
     #[cfg_attr(feature = "clap", arg(long))]
     pub fastest_run: bool,
+    /// Only the tasks listed in this file, one task key per line (e.g. the validation tasks
+    /// a model lists, to judge a retrain on tasks neither model trained on).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub tasks: Option<PathBuf>,
+    /// Another model to rank the same records: its figures, and the per-task gain of
+    /// `--model` over it (the paired test `transfer` and `refit-trees` decide by).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub against: Option<PathBuf>,
+}
+
+/// `eval --against`: the other model on the same records.
+#[derive(Clone, Debug, Serialize)]
+pub struct Against {
+    /// The other model file.
+    pub model: String,
+    /// Its ranking (as `tune` ranks with it: with its trees where it has them).
+    pub ranking: Metrics,
+    /// Its selection criterion on these tasks.
+    pub criterion: f64,
+    /// `--model`'s selection criterion on the same tasks.
+    pub model_criterion: f64,
+    /// The gain of `--model` over it, task by task.
+    pub gain: PairedGain,
 }
 
 /// A model's ranking quality.
@@ -917,6 +940,9 @@ pub struct EvalReport {
     /// Where the plots went, and why there is no PNG where there is none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plots: Option<(PathBuf, Option<String>)>,
+    /// `--against`: the other model on the same records.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub against: Option<Against>,
 }
 
 /// The model's ranking of every task of the data, beside ridge (fitted on the other half of
@@ -939,13 +965,19 @@ pub fn eval(o: &EvalOptions, progress: &mut dyn Progress) -> Result<EvalReport> 
         (o.data.clone(), o.networks.clone())
     };
     let mut model = load_model(&model_path)?;
+    let mut other = o.against.as_deref().map(load_model).transpose()?;
     let label = Label::fastest_if(o.fastest_run);
-    let data = load_labeled(
+    let mut data = load_labeled(
         &data_files,
         network_filter(&networks)?.as_ref(),
         label,
         progress,
     )?;
+    if let Some(path) = &o.tasks {
+        let (_, listed) = split_tasks_named(&data, &read_task_keys(path)?)
+            .with_context(|| format!("--tasks {}", path.display()))?;
+        data = data.subset(&listed);
+    }
     let ranked = rank(&mut model, &data);
     let (a, b) = split_tasks_by_key(&data, 0.5, o.seed);
     // The baselines never rank tasks they were fitted on: each half is ranked by a fit on
@@ -979,6 +1011,25 @@ pub fn eval(o: &EvalOptions, progress: &mut dyn Progress) -> Result<EvalReport> 
         )),
         None => None,
     };
+    let against = match (&o.against, other.as_mut()) {
+        (Some(path), Some(other)) => {
+            let mine = ensemble_ranked.as_deref().unwrap_or(&ranked);
+            let theirs = as_tune_ranks(other, &data);
+            let (ranking, criterion) = metrics::evaluate_with_criterion(&theirs);
+            let (_, model_criterion) = metrics::evaluate_with_criterion(mine);
+            Some(Against {
+                model: path.display().to_string(),
+                ranking,
+                criterion,
+                model_criterion,
+                gain: metrics::paired_gain(
+                    &metrics::task_criteria(mine),
+                    &metrics::task_criteria(&theirs),
+                ),
+            })
+        }
+        _ => None,
+    };
     Ok(EvalReport {
         model: model_path.display().to_string(),
         records: data.samples.len(),
@@ -994,7 +1045,17 @@ pub fn eval(o: &EvalOptions, progress: &mut dyn Progress) -> Result<EvalReport> 
         ensemble: ensemble_ranked.as_deref().map(metrics::evaluate),
         task_picks: task_picks(&data, ensemble_ranked.as_deref().unwrap_or(&ranked)),
         plots,
+        against,
     })
+}
+
+/// Rankings of `data` as `tune` ranks with `model`: with its trees where it has them.
+fn as_tune_ranks(model: &mut Model, data: &Dataset) -> Vec<Ranked> {
+    if model.companions.is_some() {
+        rank_ensemble(model, data)
+    } else {
+        rank(model, data)
+    }
 }
 
 /// One task's top-1 in an eval.

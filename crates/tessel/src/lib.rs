@@ -68,7 +68,7 @@ pub use error::{Context, Error, Result};
 pub use export::{ExportOptions, ExportReport, ExportedKernel, export};
 pub use heldout::{HeldOutOptions, HeldOutReport, NetworkScores, Scores, TEST_NETWORKS, held_out};
 pub use learn::{
-    Architecture, EvalOptions, EvalReport, HELD_OUT_NETWORKS, MIN_VALIDATION_PAIRS,
+    Against, Architecture, EvalOptions, EvalReport, HELD_OUT_NETWORKS, MIN_VALIDATION_PAIRS,
     PretrainOptions, PretrainReport, SHIPPED_DATASETS, TRANSFER_MIN_GAIN_Z, TaskPick,
     TransferOptions, TransferReport, VALIDATION_TASKS, eval, load_model, pretrain, read_task_keys,
     transfer, validation_tasks_of,

@@ -197,6 +197,30 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
     assert!(eval.ensemble.is_some_and(|e| e.top5 >= e.top1), "{eval:?}");
     let svg = std::fs::read_to_string(dir.join("plots/top_k.svg")).unwrap();
     assert!(svg.starts_with("<svg"));
+    // Against another model (here itself) on the tasks a file lists: the same figures, no
+    // gain; unknown task keys are an error naming the file.
+    std::fs::write(&keys, format!("{}\n", own[0])).unwrap();
+    let against = |tasks: &Path| {
+        tessel::eval(
+            &EvalOptions {
+                model: Some(dir.join("m/model")),
+                data: vec![all.clone()],
+                tasks: Some(tasks.to_path_buf()),
+                against: Some(dir.join("m/model")),
+                ..EvalOptions::default()
+            },
+            &mut NoProgress,
+        )
+    };
+    let e = against(&keys).unwrap();
+    assert_eq!(e.tasks, 1);
+    let a = e.against.expect("--against");
+    assert_eq!(a.criterion, a.model_criterion);
+    assert_eq!((a.gain.mean, a.gain.tasks), (0.0, 1));
+    assert_eq!(Some(a.ranking), e.ensemble);
+    std::fs::write(&keys, "no such task\n").unwrap();
+    let err = against(&keys).unwrap_err().to_string();
+    assert!(err.contains("--tasks") && err.contains("val.txt"), "{err}");
 
     let transfer = tessel::transfer(
         &TransferOptions {
