@@ -284,13 +284,66 @@ impl Gbt {
         }
         let boosters = dumped
             .into_iter()
-            .map(|b| {
-                GradientBooster::from_json(&b.to_string())
-                    .map_err(|e| format!("trees: not a forust booster ({e})"))
+            .enumerate()
+            .map(|(i, b)| {
+                let mut booster = GradientBooster::from_json(&b.to_string())
+                    .map_err(|e| format!("trees: booster {i} is not a forust booster ({e})"))?;
+                check_booster(&booster, columns).map_err(|e| format!("trees: booster {i}: {e}"))?;
+                // Predictions run on the caller's threads, whatever the file asked for.
+                booster.num_threads = None;
+                Ok(booster)
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, String>>()?;
         Ok(Gbt { boosters, columns })
     }
+}
+
+/// What forust indexes without checking, checked: every split reads a column of the row and
+/// leads to nodes after its own (forust numbers nodes as it grows them, so a tree is walked
+/// forward and ends), every leaf weight and the base score are numbers, and the trees to
+/// predict with exist. A file that fails this would panic or loop in the middle of a search.
+fn check_booster(b: &GradientBooster, columns: usize) -> Result<(), String> {
+    if b.trees.is_empty() {
+        return Err("no trees".into());
+    }
+    if !b.base_score.is_finite() {
+        return Err(format!("base score {}", b.base_score));
+    }
+    if let Some(n) = b.prediction_iteration.filter(|&n| n > b.trees.len()) {
+        return Err(format!("predicts with {n} of {} trees", b.trees.len()));
+    }
+    for (t, tree) in b.trees.iter().enumerate() {
+        let len = tree.nodes.len();
+        if len == 0 {
+            return Err(format!("tree {t} has no nodes"));
+        }
+        for (i, node) in tree.nodes.iter().enumerate() {
+            if node.is_leaf {
+                if !node.weight_value.is_finite() {
+                    return Err(format!(
+                        "tree {t} node {i}: leaf weight {}",
+                        node.weight_value
+                    ));
+                }
+                continue;
+            }
+            if node.split_feature >= columns {
+                return Err(format!(
+                    "tree {t} node {i} splits on column {} of {columns}",
+                    node.split_feature
+                ));
+            }
+            for child in [node.left_child, node.right_child, node.missing_node] {
+                if !(i < child && child < len) {
+                    return Err(format!(
+                        "tree {t} node {i} leads to node {child} (nodes after it, up to {})",
+                        len - 1
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// forust's matrices are column-major; short rows are padded with zeros.
@@ -389,6 +442,51 @@ mod tests {
             let e = Gbt::from_json(&bad).err().unwrap();
             assert!(e.contains(why), "{e}");
         }
+    }
+
+    #[test]
+    fn trees_that_would_panic_or_loop_are_refused_when_read() {
+        let x: Vec<Vec<f64>> = (0..100).map(|i| vec![i as f64, (i % 7) as f64]).collect();
+        let y: Vec<f64> = x.iter().map(|r| r[0] - r[1]).collect();
+        let json = Gbt::fit_with(&x, &y, None, 1, &"rounds=3".parse().unwrap())
+            .unwrap()
+            .to_json()
+            .unwrap();
+        assert!(Gbt::from_json(&json).is_ok());
+        let root = |j: &mut serde_json::Value| -> serde_json::Value {
+            j["booster"]["trees"][0]["nodes"][0].clone()
+        };
+        let mut probe = json.clone();
+        assert_eq!(root(&mut probe)["is_leaf"], false, "the first tree splits");
+        let nodes = probe["booster"]["trees"][0]["nodes"]
+            .as_array()
+            .unwrap()
+            .len();
+        for (field, value, why) in [
+            ("left_child", serde_json::json!(nodes + 5), "leads to node"),
+            // Back to itself: a walk that never ends.
+            ("right_child", serde_json::json!(0), "leads to node 0"),
+            ("missing_node", serde_json::json!(nodes), "leads to node"),
+            (
+                "split_feature",
+                serde_json::json!(2),
+                "splits on column 2 of 2",
+            ),
+        ] {
+            let mut bad = json.clone();
+            bad["booster"]["trees"][0]["nodes"][0][field] = value;
+            let e = Gbt::from_json(&bad)
+                .err()
+                .unwrap_or_else(|| panic!("{field} read"));
+            assert!(e.contains("booster 0") && e.contains(why), "{field}: {e}");
+        }
+        let mut bad = json.clone();
+        bad["booster"]["prediction_iteration"] = serde_json::json!(4);
+        let e = Gbt::from_json(&bad).err().unwrap();
+        assert!(e.contains("predicts with 4 of 3 trees"), "{e}");
+        let mut bad = json.clone();
+        bad["booster"]["trees"] = serde_json::json!([]);
+        assert!(Gbt::from_json(&bad).err().unwrap().contains("no trees"));
     }
 
     #[test]
