@@ -155,16 +155,30 @@ pub fn split_tasks_named(
     data: &Dataset,
     keys: &[String],
 ) -> Result<(Vec<usize>, Vec<usize>), ModelError> {
-    let wanted: std::collections::HashSet<&str> = keys.iter().map(String::as_str).collect();
-    let (mut train, mut val) = (Vec::new(), Vec::new());
-    for (i, (key, _)) in data.tasks.iter().enumerate() {
-        if wanted.contains(key.as_str()) {
-            val.push(i);
-        } else {
-            train.push(i);
-        }
+    let val = tasks_named(data, keys)?;
+    let train: Vec<usize> = (0..data.tasks.len())
+        .filter(|i| val.binary_search(i).is_err())
+        .collect();
+    if train.is_empty() {
+        return Err(ModelError::Data(format!(
+            "{} validation tasks leave 0 to train on",
+            val.len()
+        )));
     }
-    if val.len() != wanted.len() {
+    Ok((train, val))
+}
+
+/// The indices (ascending) of the tasks of `data` named by `keys`: `Err` naming keys that
+/// `data` does not hold, or when no key is given.
+pub fn tasks_named(data: &Dataset, keys: &[String]) -> Result<Vec<usize>, ModelError> {
+    let wanted: std::collections::HashSet<&str> = keys.iter().map(String::as_str).collect();
+    if wanted.is_empty() {
+        return Err(ModelError::Data("no task named".into()));
+    }
+    let found: Vec<usize> = (0..data.tasks.len())
+        .filter(|&i| wanted.contains(data.tasks[i].0.as_str()))
+        .collect();
+    if found.len() != wanted.len() {
         let held: std::collections::HashSet<&str> =
             data.tasks.iter().map(|(k, _)| k.as_str()).collect();
         let missing: Vec<&str> = keys
@@ -174,20 +188,13 @@ pub fn split_tasks_named(
             .take(3)
             .collect();
         return Err(ModelError::Data(format!(
-            "{} of {} validation tasks are not in the data (e.g. `{}`)",
-            wanted.len() - val.len(),
+            "{} of {} named tasks are not in the data (e.g. `{}`)",
+            wanted.len() - found.len(),
             wanted.len(),
             missing.join("`, `")
         )));
     }
-    if val.is_empty() || train.is_empty() {
-        return Err(ModelError::Data(format!(
-            "{} validation tasks leave {} to train on",
-            val.len(),
-            train.len()
-        )));
-    }
-    Ok((train, val))
+    Ok(found)
 }
 
 /// FNV-1a over the key's bytes, then a SplitMix64 finish with the seed mixed in.
@@ -698,7 +705,7 @@ mod tests {
     use crate::Sample;
 
     /// A dataset of tasks named `keys`, one record each.
-    fn tasks_named(keys: &[String]) -> Dataset {
+    fn dataset_of_tasks(keys: &[String]) -> Dataset {
         let tasks = keys.iter().map(|k| (k.clone(), 1.0)).collect();
         let samples = (0..keys.len())
             .map(|task| Sample {
@@ -731,7 +738,7 @@ mod tests {
             if reverse {
                 moved.reverse();
             }
-            let (a, b) = (tasks_named(&keys), tasks_named(&moved));
+            let (a, b) = (dataset_of_tasks(&keys), dataset_of_tasks(&moved));
             let (ta, va) = split_tasks_by_key(&a, 0.2, seed);
             let (tb, vb) = split_tasks_by_key(&b, 0.2, seed);
             proptest::prop_assert_eq!(keys_of(&a, &va), keys_of(&b, &vb));
@@ -744,7 +751,7 @@ mod tests {
     #[test]
     fn seeds_choose_other_tasks_and_no_share_means_no_validation() {
         let keys: Vec<String> = (0..50).map(|i| format!("task {i}")).collect();
-        let data = tasks_named(&keys);
+        let data = dataset_of_tasks(&keys);
         let (_, v1) = split_tasks_by_key(&data, 0.2, 1);
         let (_, v2) = split_tasks_by_key(&data, 0.2, 2);
         assert_eq!(v1.len(), 10);
@@ -756,25 +763,27 @@ mod tests {
     #[test]
     fn named_validation_tasks_must_all_be_in_the_data_and_leave_some_to_train() {
         let keys: Vec<String> = (0..6).map(|i| format!("task {i}")).collect();
-        let data = tasks_named(&keys);
+        let data = dataset_of_tasks(&keys);
         let (t, v) = split_tasks_named(&data, &keys[4..]).unwrap();
         assert_eq!((t, v), (vec![0, 1, 2, 3], vec![4, 5]));
         let e = split_tasks_named(&data, &["task 1".into(), "task 9".into()]).unwrap_err();
         assert!(
             e.to_string()
-                .contains("1 of 2 validation tasks are not in the data (e.g. `task 9`)"),
+                .contains("1 of 2 named tasks are not in the data (e.g. `task 9`)"),
             "{e}"
         );
         let e = split_tasks_named(&data, &keys).unwrap_err();
         assert!(e.to_string().contains("leave 0 to train on"), "{e}");
         let e = split_tasks_named(&data, &[]).unwrap_err();
-        assert!(e.to_string().contains("0 validation tasks"), "{e}");
+        assert!(e.to_string().contains("no task named"), "{e}");
+        // Selecting tasks (eval --tasks) may take them all.
+        assert_eq!(tasks_named(&data, &keys).unwrap(), vec![0, 1, 2, 3, 4, 5]);
     }
 
     #[test]
     fn training_on_named_validation_tasks_holds_exactly_those_out() {
         let keys: Vec<String> = (0..5).map(|i| format!("task {i}")).collect();
-        let data = tasks_named(&keys);
+        let data = dataset_of_tasks(&keys);
         let mut model = Model::new(crate::ModelConfig::new(4), 1).unwrap();
         let opts = TrainOptions {
             epochs: 1,

@@ -10,7 +10,8 @@ use tessel_model::gbt::TreeRecipe;
 use tessel_model::metrics::PairedGain;
 use tessel_model::train::{
     Comparison, Trainable, compare_with_trees, gbt_rank, rank, rank_ensemble, ridge_rank,
-    roofline_rank, split_tasks, split_tasks_by_key, split_tasks_named, transfer_options,
+    roofline_rank, split_tasks, split_tasks_by_key, split_tasks_named, tasks_named,
+    transfer_options,
 };
 use tessel_model::{
     Companions, Dataset, Loss, Metrics, Model, ModelConfig, Ranked, Sample, TrainOptions,
@@ -974,7 +975,7 @@ pub fn eval(o: &EvalOptions, progress: &mut dyn Progress) -> Result<EvalReport> 
         progress,
     )?;
     if let Some(path) = &o.tasks {
-        let (_, listed) = split_tasks_named(&data, &read_task_keys(path)?)
+        let listed = tasks_named(&data, &read_task_keys(path)?)
             .with_context(|| format!("--tasks {}", path.display()))?;
         data = data.subset(&listed);
     }

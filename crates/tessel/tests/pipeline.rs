@@ -158,7 +158,7 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
     for (text, why) in [
         (
             "no such task\n".to_string(),
-            "1 of 1 validation tasks are not in the data",
+            "1 of 1 named tasks are not in the data",
         ),
         ("\n\n".to_string(), "lists no task keys"),
         (format!("{0}\n{0}\n", own[0]), "twice"),
