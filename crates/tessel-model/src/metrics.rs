@@ -100,6 +100,12 @@ pub struct PairedGain {
 }
 
 impl PairedGain {
+    /// Whether this is a gain of at least `z` standard errors (a positive mean, never a
+    /// loss that `z` <= 0 would admit).
+    pub fn clears(&self, z: f64) -> bool {
+        self.mean > 0.0 && self.z() >= z
+    }
+
     /// The gain in standard errors (infinite for a gain without spread, 0 without one).
     pub fn z(&self) -> f64 {
         if self.mean == 0.0 {

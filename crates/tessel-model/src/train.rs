@@ -136,17 +136,28 @@ pub fn split_tasks_by_key(
         .map(|(i, (key, _))| (key_hash(key, seed), i))
         .collect();
     order.sort_unstable();
-    let val = if n >= 2 && val_fraction > 0.0 {
+    let val = order[..validation_count(n, val_fraction)]
+        .iter()
+        .map(|&(_, i)| i);
+    with_the_rest(n, val)
+}
+
+/// How many of `n` tasks a share of `val_fraction` holds out: at least one and never all,
+/// where there are two or more and the share is positive; none otherwise.
+fn validation_count(n: usize, val_fraction: f64) -> usize {
+    if n >= 2 && val_fraction > 0.0 {
         ((n as f64 * val_fraction).round() as usize).clamp(1, n - 1)
     } else {
         0
-    };
-    let (v, t) = order.split_at(val);
-    let mut t: Vec<usize> = t.iter().map(|&(_, i)| i).collect();
-    let mut v: Vec<usize> = v.iter().map(|&(_, i)| i).collect();
-    t.sort_unstable();
-    v.sort_unstable();
-    (t, v)
+    }
+}
+
+/// (the other tasks of `0..n`, `val`), both ascending and without repeats; `val` must be
+/// below `n`.
+fn with_the_rest(n: usize, val: impl IntoIterator<Item = usize>) -> (Vec<usize>, Vec<usize>) {
+    let val: std::collections::BTreeSet<usize> = val.into_iter().collect();
+    let rest = (0..n).filter(|i| !val.contains(i)).collect();
+    (rest, val.into_iter().collect())
 }
 
 /// The tasks of `data` named by `keys` as validation, the rest as training: `Err` with the
@@ -155,10 +166,7 @@ pub fn split_tasks_named(
     data: &Dataset,
     keys: &[String],
 ) -> Result<(Vec<usize>, Vec<usize>), ModelError> {
-    let val = tasks_named(data, keys)?;
-    let train: Vec<usize> = (0..data.tasks.len())
-        .filter(|i| val.binary_search(i).is_err())
-        .collect();
+    let (train, val) = with_the_rest(data.tasks.len(), tasks_named(data, keys)?);
     if train.is_empty() {
         return Err(ModelError::Data(format!(
             "{} validation tasks leave 0 to train on",
@@ -219,16 +227,8 @@ pub fn split_tasks(n: usize, val_fraction: f64, seed: u64) -> (Vec<usize>, Vec<u
         let j = (rng.next_u64() % (i as u64 + 1)) as usize;
         order.swap(i, j);
     }
-    let val = if n >= 2 && val_fraction > 0.0 {
-        ((n as f64 * val_fraction).round() as usize).clamp(1, n - 1)
-    } else {
-        0
-    };
-    let (v, t) = order.split_at(val);
-    let (mut t, mut v) = (t.to_vec(), v.to_vec());
-    t.sort_unstable();
-    v.sort_unstable();
-    (t, v)
+    let val = order[..validation_count(n, val_fraction)].iter().copied();
+    with_the_rest(n, val)
 }
 
 /// Rankings of every task of `data` by `model`'s network.
@@ -477,9 +477,7 @@ pub fn train(
                     data.tasks.len()
                 )));
             }
-            let val: std::collections::BTreeSet<usize> = val.iter().copied().collect();
-            let train = (0..data.tasks.len()).filter(|i| !val.contains(i)).collect();
-            (train, val.into_iter().collect())
+            with_the_rest(data.tasks.len(), val.iter().copied())
         }
         None => split_tasks_by_key(data, opts.val_fraction, opts.seed),
     };

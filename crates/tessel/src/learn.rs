@@ -706,7 +706,7 @@ fn choose_transfer(validation: Option<&TransferValidation>, has_trees: bool) -> 
     for (name, score) in v.candidates() {
         let Some(s) = score else { continue };
         let Some(gain) = s.gain else { continue };
-        if s.criterion > best.1 && gain.mean > 0.0 && gain.z() >= TRANSFER_MIN_GAIN_Z {
+        if s.criterion > best.1 && gain.clears(TRANSFER_MIN_GAIN_Z) {
             best = (name, s.criterion);
         }
     }
@@ -1015,7 +1015,8 @@ pub fn eval(o: &EvalOptions, progress: &mut dyn Progress) -> Result<EvalReport> 
     let against = match (&o.against, other.as_mut()) {
         (Some(path), Some(other)) => {
             let mine = ensemble_ranked.as_deref().unwrap_or(&ranked);
-            let theirs = as_tune_ranks(other, &data);
+            // As `tune` ranks with it: with its trees where it has them.
+            let theirs = rank_ensemble(other, &data);
             let (ranking, criterion) = metrics::evaluate_with_criterion(&theirs);
             let (_, model_criterion) = metrics::evaluate_with_criterion(mine);
             Some(Against {
@@ -1048,15 +1049,6 @@ pub fn eval(o: &EvalOptions, progress: &mut dyn Progress) -> Result<EvalReport> 
         plots,
         against,
     })
-}
-
-/// Rankings of `data` as `tune` ranks with `model`: with its trees where it has them.
-fn as_tune_ranks(model: &mut Model, data: &Dataset) -> Vec<Ranked> {
-    if model.companions.is_some() {
-        rank_ensemble(model, data)
-    } else {
-        rank(model, data)
-    }
 }
 
 /// One task's top-1 in an eval.

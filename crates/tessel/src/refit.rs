@@ -186,7 +186,7 @@ pub fn refit_trees(o: &RefitOptions, progress: &mut dyn Progress) -> Result<Refi
             &metrics::task_criteria(old),
         )
     });
-    let replaced = o.force || gain.is_none_or(|g| g.mean > 0.0 && g.z() >= REPLACE_MIN_GAIN_Z);
+    let replaced = o.force || gain.is_none_or(|g| g.clears(REPLACE_MIN_GAIN_Z));
     if replaced {
         if let Some(p) = model.info.provenance.as_object_mut() {
             p.insert(
