@@ -100,6 +100,10 @@ pub enum NetworkError {
     ZeroBatch,
     #[error("network `{name}`: input size `{size}` must be a multiple of 32 from 64 to 1024")]
     ImageSize { name: String, size: String },
+    #[error(
+        "network `{name}`: sequence length `{length}` must be a multiple of 16 from 16 to 1024"
+    )]
+    SequenceLength { name: String, length: String },
     #[error("layer `{layer}` of {network}: {source}")]
     Layer {
         network: String,

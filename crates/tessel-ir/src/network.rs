@@ -53,6 +53,30 @@ pub const NETWORKS: &[(&str, &str)] = &[
         "BERT-base encoder (12 layers), sequence length 512",
     ),
     (
+        "bert-mini-128",
+        "BERT-mini encoder (4 layers, width 256, 4 heads), sequence length 128",
+    ),
+    (
+        "bert-small-128",
+        "BERT-small encoder (4 layers, width 512, 8 heads), sequence length 128",
+    ),
+    (
+        "bert-medium-128",
+        "BERT-medium encoder (8 layers, width 512, 8 heads), sequence length 128",
+    ),
+    (
+        "bert-large-128",
+        "BERT-large encoder (24 layers, width 1024, 16 heads), sequence length 128",
+    ),
+    (
+        "wide-resnet50",
+        "Wide ResNet-50-2, 224x224: ResNet-50 with bottlenecks twice as wide",
+    ),
+    (
+        "resnext101",
+        "ResNeXt-101 32x8d, 224x224: 33 bottleneck blocks, grouped (32) 3x3 convolutions 8 channels a group and wider",
+    ),
+    (
         "vit-b16",
         "ViT-B/16, 224x224 (197 tokens), encoder and classifier",
     ),
@@ -74,7 +98,42 @@ pub const RESIZABLE_NETWORKS: &[&str] = &[
     "resnext50",
     "mobilenet-v1",
     "mobilenet-v2",
+    "wide-resnet50",
+    "resnext101",
 ];
+
+/// The BERT encoders (Turc et al., 2019, and the original two), which take any sequence
+/// length: `bert-SIZE-SEQ` (e.g. `bert-base-256`), SEQ a multiple of 16 from 16 to 1024.
+const BERT_SIZES: &[(&str, EncoderSize)] = &[
+    ("bert-tiny", TINY),
+    ("bert-mini", MINI),
+    ("bert-small", SMALL),
+    ("bert-medium", MEDIUM),
+    ("bert-base", BASE),
+    ("bert-large", LARGE),
+];
+
+/// The sequence lengths a BERT encoder takes.
+pub const SEQUENCE_LENGTHS: std::ops::RangeInclusive<u64> = 16..=1024;
+
+/// Splits `bert-base-256` into BERT-base and 256; `None` for names that are no BERT encoder.
+fn split_sequence_length(name: &str) -> Result<Option<(EncoderSize, u64)>, NetworkError> {
+    let Some((base, seq)) = name.rsplit_once('-') else {
+        return Ok(None);
+    };
+    let Some(&(_, size)) = BERT_SIZES.iter().find(|(n, _)| *n == base) else {
+        return Ok(None);
+    };
+    seq.parse::<u64>()
+        .ok()
+        .filter(|_| seq.bytes().all(|c| c.is_ascii_digit()))
+        .filter(|s| SEQUENCE_LENGTHS.contains(s) && s % 16 == 0)
+        .map(|s| Some((size, s)))
+        .ok_or_else(|| NetworkError::SequenceLength {
+            name: name.to_string(),
+            length: seq.to_string(),
+        })
+}
 
 /// The input sizes a resizable network takes: multiples of 32 (every stage halves it, five
 /// times) from 64 to 1024.
@@ -172,15 +231,18 @@ pub fn network_with_types(name: &str, batch: u64, types: Types) -> Result<Networ
         types,
     };
     let (base, image) = split_image_size(name)?;
+    if let Some((size, seq)) = split_sequence_length(name)? {
+        bert(&mut b, size, batch, seq);
+        return finish(name, batch, b);
+    }
     match base {
         "resnet50" => resnet50(&mut b, batch, image),
         "resnet18" => resnet18(&mut b, batch, image),
         "resnext50" => resnext50(&mut b, batch, image),
         "mobilenet-v1" => mobilenet_v1(&mut b, batch, image),
         "mobilenet-v2" => mobilenet_v2(&mut b, batch, image),
-        "bert-tiny-128" => bert(&mut b, TINY, batch, 128),
-        "bert-base-128" => bert(&mut b, BASE, batch, 128),
-        "bert-base-512" => bert(&mut b, BASE, batch, 512),
+        "wide-resnet50" => bottleneck_resnet(&mut b, batch, image, RESNET50_BLOCKS, 1, 2),
+        "resnext101" => bottleneck_resnet(&mut b, batch, image, RESNET101_BLOCKS, 32, 4),
         "vit-b16" => vit_b16(&mut b, batch),
         "llama7b-prefill" => llama7b_layer(&mut b, batch, 512, 512),
         "llama7b-decode" => llama7b_layer(&mut b, batch, 1, 512),
@@ -193,12 +255,19 @@ pub fn network_with_types(name: &str, batch: u64, types: Types) -> Result<Networ
                     .collect::<Vec<_>>()
                     .join(", ")
                     + &format!(
-                        "; {} also take an input size, e.g. resnet50-256",
+                        "; {} also take an input size, e.g. resnet50-256; \
+                         bert-tiny, -mini, -small, -medium, -base and -large take any \
+                         sequence length, e.g. bert-base-256",
                         RESIZABLE_NETWORKS.join(", ")
                     ),
             });
         }
     }
+    finish(name, batch, b)
+}
+
+/// Checks every layer of a built network.
+fn finish(name: &str, batch: u64, b: Builder) -> Result<Network, NetworkError> {
     debug_assert!(!petgraph::algo::is_cyclic_directed(&b.graph));
     // A batch can make any layer too large to generate code for.
     for layer in b.graph.node_weights() {
@@ -316,19 +385,32 @@ const NONE: EpilogueSpec = EpilogueSpec {
     out: None,
 };
 
+/// Bottleneck blocks per stage of ResNet-50 (and ResNeXt-50, Wide ResNet-50-2).
+const RESNET50_BLOCKS: [u64; 4] = [3, 4, 6, 3];
+/// Bottleneck blocks per stage of ResNet-101 (and ResNeXt-101).
+const RESNET101_BLOCKS: [u64; 4] = [3, 4, 23, 3];
+
 /// ResNet-50 v1.5 (stride on the 3x3 convolution), batch-norm folded into a bias.
 fn resnet50(b: &mut Builder, n: u64, image: u64) {
-    bottleneck_resnet(b, n, image, 1, 1);
+    bottleneck_resnet(b, n, image, RESNET50_BLOCKS, 1, 1);
 }
 
 /// ResNeXt-50 32x4d: ResNet-50 with 3x3 convolutions of 32 groups, twice as wide.
 fn resnext50(b: &mut Builder, n: u64, image: u64) {
-    bottleneck_resnet(b, n, image, 32, 2);
+    bottleneck_resnet(b, n, image, RESNET50_BLOCKS, 32, 2);
 }
 
-/// The stem and the stages of ResNet-50 and ResNeXt-50: bottleneck blocks whose 3x3
-/// convolution has `groups` groups and `widen` times the ResNet-50 width.
-fn bottleneck_resnet(b: &mut Builder, n: u64, image: u64, groups: u64, widen: u64) {
+/// The stem and the stages of the bottleneck ResNets (ResNet-50, ResNeXt-50/101, Wide
+/// ResNet-50-2): `blocks` per stage, whose 3x3 convolution has `groups` groups and `widen`
+/// times the ResNet-50 width (torchvision's `width_per_group * groups / 64`).
+fn bottleneck_resnet(
+    b: &mut Builder,
+    n: u64,
+    image: u64,
+    blocks: [u64; 4],
+    groups: u64,
+    widen: u64,
+) {
     let (stem, _) = b.conv(
         "conv1".into(),
         (n, image, image, 3),
@@ -342,10 +424,8 @@ fn bottleneck_resnet(b: &mut Builder, n: u64, image: u64, groups: u64, widen: u6
     // 3x3/2 max pooling: 112 -> 56.
     let mut x = stem;
     let (mut hw, mut c) = (image / 4, 64);
-    for (stage, &(blocks, planes, stride)) in [(3, 64, 1), (4, 128, 2), (6, 256, 2), (3, 512, 2)]
-        .iter()
-        .enumerate()
-    {
+    let stages = [(64, 1), (128, 2), (256, 2), (512, 2)];
+    for (stage, (&blocks, &(planes, stride))) in blocks.iter().zip(&stages).enumerate() {
         let (width, out_c) = (planes * widen, planes * 4);
         for blk in 0..blocks {
             let s = if blk == 0 { stride } else { 1 };
@@ -625,6 +705,38 @@ const TINY: EncoderSize = EncoderSize {
     layers: 2,
 };
 
+/// BERT-mini (L=4, H=256, A=4).
+const MINI: EncoderSize = EncoderSize {
+    d: 256,
+    heads: 4,
+    ffn: 1024,
+    layers: 4,
+};
+
+/// BERT-small (L=4, H=512, A=8).
+const SMALL: EncoderSize = EncoderSize {
+    d: 512,
+    heads: 8,
+    ffn: 2048,
+    layers: 4,
+};
+
+/// BERT-medium (L=8, H=512, A=8).
+const MEDIUM: EncoderSize = EncoderSize {
+    d: 512,
+    heads: 8,
+    ffn: 2048,
+    layers: 8,
+};
+
+/// BERT-large (L=24, H=1024, A=16).
+const LARGE: EncoderSize = EncoderSize {
+    d: 1024,
+    heads: 16,
+    ffn: 4096,
+    layers: 24,
+};
+
 /// A transformer encoder layer stack (BERT, ViT): `tokens` per sequence.
 fn encoder(
     b: &mut Builder,
@@ -809,6 +921,80 @@ mod tests {
             4.0 * 128f64.powi(3) + 2.0 * 2.0 * 128.0 * 128.0 * 64.0 + 2.0 * 128.0 * 512.0 * 128.0;
         let g = gmacs("bert-tiny-128", 1) * 1e9;
         assert!((g - 2.0 * per_layer).abs() < 1.0, "{g}");
+    }
+
+    #[test]
+    fn wide_resnet50_and_resnext101_match_torchvision() {
+        // torchvision's wide_resnet50_2: 11.40 GFLOPS (multiply-adds); resnext101_32x8d: 16.41.
+        let g = gmacs("wide-resnet50", 1);
+        assert!((g - 11.40).abs() < 0.1, "{g}");
+        let g = gmacs("resnext101", 1);
+        assert!((g - 16.41).abs() < 0.15, "{g}");
+        let net = network("resnext101", 1, DType::F32).unwrap();
+        assert_eq!(net.graph.node_count(), 1 + 33 * 3 + 4 + 1);
+        // Its 3x3 convolutions have 8 channels a group in the first stage, 64 in the last.
+        let grouped: Vec<String> = net
+            .tasks()
+            .iter()
+            .map(|t| t.workload.to_string())
+            .filter(|t| t.contains("groups=32"))
+            .collect();
+        assert!(grouped.iter().any(|t| t.contains("h=56,w=56,c=256,k=256")));
+        assert!(
+            grouped
+                .iter()
+                .any(|t| t.contains("h=14,w=14,c=2048,k=2048"))
+        );
+    }
+
+    #[test]
+    fn bert_encoders_take_their_size_and_any_sequence_length() {
+        // BERT-large at 128: 24 layers of 4 projections 1024^2, the feed-forward pair
+        // 1024 x 4096 and attention 2 x 16 heads x 128 x 64, per token.
+        let per_layer = 128.0 * (4.0 * 1024.0 * 1024.0 + 2.0 * 1024.0 * 4096.0)
+            + 2.0 * 16.0 * 128.0 * 128.0 * 64.0;
+        let g = gmacs("bert-large-128", 1) * 1e9;
+        assert!((g - 24.0 * per_layer).abs() < 1.0, "{g}");
+        // Medium is small with twice the layers: the same tasks, each twice as often.
+        let tasks = |name: &str| network(name, 1, DType::F32).unwrap().tasks();
+        let (small, medium) = (tasks("bert-small-128"), tasks("bert-medium-128"));
+        assert_eq!(small.len(), medium.len());
+        for (s, m) in small.iter().zip(&medium) {
+            assert_eq!((&s.workload, 2 * s.weight), (&m.workload, m.weight));
+        }
+        // The sequence length is the dense layers' m.
+        let specs: Vec<String> = tasks("bert-base-256")
+            .iter()
+            .map(|t| t.workload.to_string())
+            .collect();
+        assert!(
+            specs
+                .iter()
+                .any(|t| t.starts_with("dense:m=256,n=3072,k=768"))
+        );
+        assert_eq!(
+            tasks("bert-base-128"),
+            network_with_types("bert-base-128", 1, Types::same(DType::F32))
+                .unwrap()
+                .tasks()
+        );
+        for bad in [
+            "bert-base-100",
+            "bert-base-0",
+            "bert-base-2048",
+            "bert-large-",
+            "bert-base-1e3",
+        ] {
+            let err = network(bad, 1, DType::F32).unwrap_err().to_string();
+            assert!(err.contains(bad) && err.contains("multiple of 16"), "{err}");
+        }
+        let err = network("bert-huge-128", 1, DType::F32)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("unknown network") && err.contains("bert-base-256"),
+            "{err}"
+        );
     }
 
     #[test]
