@@ -352,8 +352,14 @@ pub fn pretrain(r: &PretrainReport) {
     if let Some(c) = &r.validation {
         comparison_with(
             &format!(
-                "validation ({} held-out tasks; best epoch {}):",
-                r.validation_tasks, r.training.best_epoch
+                "validation ({} held-out tasks; kept epoch {}{}):",
+                r.validation_tasks,
+                r.training.best_epoch,
+                if r.training.leading_epoch == r.training.best_epoch {
+                    String::new()
+                } else {
+                    format!("; epoch {} led within the noise", r.training.leading_epoch)
+                }
             ),
             c,
             r.validation_ensemble.as_ref(),
@@ -565,7 +571,7 @@ pub fn eval(r: &EvalReport) {
 
 pub fn held_out(r: &tessel::HeldOutReport) {
     println!(
-        "trained on {} records of {} tasks (best epoch {}{}); tested on {} records of {} held-out tasks",
+        "trained on {} records of {} tasks (kept epoch {}{}); tested on {} records of {} held-out tasks",
         r.train_records,
         r.train_tasks,
         r.best_epoch,

@@ -69,7 +69,8 @@ pub struct TrainOptions {
     /// it saves with the model).
     #[serde(skip)]
     pub val_tasks: Option<Vec<usize>>,
-    /// Epochs without improvement before stopping.
+    /// Early stopping: epochs in a row that the leading epoch beats by
+    /// [`EPOCH_MIN_GAIN_Z`] standard errors of the per-task gain before training stops.
     pub patience: usize,
     pub trainable: Trainable,
     pub seed: u64,
@@ -111,8 +112,12 @@ pub struct EpochReport {
 #[derive(Clone, Debug, Serialize)]
 pub struct TrainReport {
     pub epochs: Vec<EpochReport>,
-    /// The epoch whose weights the model keeps (the best on validation).
+    /// The epoch whose weights the model keeps: the latest one the best on validation does
+    /// not lead by [`EPOCH_MIN_GAIN_Z`] standard errors ([`kept_epoch`]).
     pub best_epoch: usize,
+    /// The epoch with the best validation criterion (the kept one, or an earlier one whose
+    /// lead was within the noise).
+    pub leading_epoch: usize,
     pub train_tasks: usize,
     pub val_tasks: usize,
 }
@@ -499,11 +504,14 @@ pub fn train(
     let mut report = TrainReport {
         epochs: Vec::new(),
         best_epoch: 0,
+        leading_epoch: 0,
         train_tasks: train_ids.len(),
         val_tasks: val_ids.len(),
     };
-    let mut best: Option<(f64, Vec<Tensor>)> = None;
-    let mut since_best = 0;
+    // Every epoch's weights with its validation figures, for the choice at the end.
+    let mut candidates: Vec<EpochCandidate> = Vec::new();
+    let mut best: Option<usize> = None;
+    let mut behind = 0;
     let mut global = 0usize;
     for epoch in 1..=opts.epochs.max(1) {
         let start = Instant::now();
@@ -543,22 +551,81 @@ pub fn train(
                 metrics::selection_criterion(tasks, &m)
             });
         report.epochs.push(e);
-        if best.as_ref().is_none_or(|(b, _)| criterion > *b) {
-            best = Some((criterion, model.params.snapshot()?));
-            report.best_epoch = epoch;
-            since_best = 0;
-        } else {
-            since_best += 1;
-            if since_best >= opts.patience.max(1) {
+        candidates.push(EpochCandidate {
+            epoch,
+            criterion,
+            tasks: ranked
+                .as_deref()
+                .map(metrics::task_criteria)
+                .unwrap_or_default(),
+            weights: model.params.snapshot()?,
+        });
+        // Stop once `patience` epochs in a row fall behind the leading one beyond the noise:
+        // an epoch within it may still be the one kept.
+        let last = candidates.len() - 1;
+        if best.is_none_or(|b| candidates[b].criterion < criterion) {
+            best = Some(last);
+        }
+        let lead = best.map_or(&[][..], |b| candidates[b].tasks.as_slice());
+        if metrics::paired_gain(lead, &candidates[last].tasks).clears(EPOCH_MIN_GAIN_Z) {
+            behind += 1;
+            if behind >= opts.patience.max(1) {
                 break;
             }
+        } else {
+            behind = 0;
         }
     }
-    if let Some((_, values)) = best {
-        model.params.restore(&values)?;
+    let figures: Vec<(f64, &[f64])> = candidates
+        .iter()
+        .map(|c| (c.criterion, c.tasks.as_slice()))
+        .collect();
+    let (kept, leading) = kept_epoch(&figures);
+    if let Some(c) = candidates.get(kept) {
+        report.best_epoch = c.epoch;
+        report.leading_epoch = candidates[leading].epoch;
+        model.params.restore(&c.weights)?;
         model.invalidate();
     }
     Ok(report)
+}
+
+/// How many standard errors of the per-task gain an epoch's validation lead over a later
+/// epoch must reach for training to keep it (the bar `refit-trees` and `transfer` use).
+pub const EPOCH_MIN_GAIN_Z: f64 = 2.0;
+
+/// One epoch's weights and validation figures.
+struct EpochCandidate {
+    epoch: usize,
+    criterion: f64,
+    tasks: Vec<f64>,
+    weights: Vec<Tensor>,
+}
+
+/// Which epoch to keep, by index into `epochs` (each epoch's selection criterion and
+/// per-task criteria, in training order), and which led on the criterion: the latest
+/// epoch that the leading one does not beat by [`EPOCH_MIN_GAIN_Z`] standard errors of the
+/// per-task gain. With a few dozen validation tasks the criterion swings between epochs by
+/// more than training changes it (seed 2 of one recipe led at epoch 4 of 15 on 42 tasks and
+/// kept a network that ranked the test networks at 0.66 top-1 against seed 1's 0.82 at epoch
+/// 15), while the schedule's end is where the learning rate has annealed: an earlier epoch
+/// is kept only when its lead is beyond the noise. Without validation figures (`tasks`
+/// empty) no lead is significant and the last epoch is kept.
+pub fn kept_epoch(epochs: &[(f64, &[f64])]) -> (usize, usize) {
+    let Some(leading) = epochs
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.0.total_cmp(&b.1.0).then(b.0.cmp(&a.0)))
+        .map(|(i, _)| i)
+    else {
+        return (0, 0);
+    };
+    let lead = epochs[leading].1;
+    let kept = (leading..epochs.len())
+        .rev()
+        .find(|&i| !metrics::paired_gain(lead, epochs[i].1).clears(EPOCH_MIN_GAIN_Z))
+        .unwrap_or(leading);
+    (kept, leading)
 }
 
 /// A model's figures beside the references: random scores and ridge regression on pooled
@@ -700,6 +767,36 @@ pub fn transfer_options(trainable: Trainable, pretrain: &TrainOptions) -> TrainO
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_early_lead_within_the_noise_keeps_the_last_epoch() {
+        // Epoch 2 leads on the mean, but its per-task gains over the later epochs go both
+        // ways: the last epoch is kept.
+        let e1: &[f64] = &[0.70, 0.70, 0.70, 0.70];
+        let e2: &[f64] = &[0.95, 0.60, 0.90, 0.75];
+        let e3: &[f64] = &[0.80, 0.70, 0.75, 0.80];
+        let e4: &[f64] = &[0.75, 0.80, 0.70, 0.85];
+        let mean = |t: &[f64]| t.iter().sum::<f64>() / t.len() as f64;
+        let epochs: Vec<(f64, &[f64])> = [e1, e2, e3, e4].iter().map(|t| (mean(t), *t)).collect();
+        assert_eq!(kept_epoch(&epochs), (3, 1));
+    }
+
+    #[test]
+    fn a_lead_beyond_the_noise_keeps_the_leading_epoch() {
+        // Epoch 2 beats every later epoch on every task by about as much: it is kept over
+        // epoch 4, whose own small lead over epoch 3 does not matter.
+        let e1: &[f64] = &[0.70, 0.71, 0.72, 0.70, 0.69];
+        let e2: &[f64] = &[0.90, 0.91, 0.92, 0.90, 0.89];
+        let e3: &[f64] = &[0.70, 0.70, 0.71, 0.70, 0.70];
+        let e4: &[f64] = &[0.71, 0.72, 0.71, 0.71, 0.70];
+        let mean = |t: &[f64]| t.iter().sum::<f64>() / t.len() as f64;
+        let epochs: Vec<(f64, &[f64])> = [e1, e2, e3, e4].iter().map(|t| (mean(t), *t)).collect();
+        assert_eq!(kept_epoch(&epochs), (1, 1));
+        // Without validation figures nothing is significant: the last epoch.
+        let blind: Vec<(f64, &[f64])> = (1..=4).map(|e| (e as f64, &[][..])).collect();
+        assert_eq!(kept_epoch(&blind), (3, 3));
+        assert_eq!(kept_epoch(&[]), (0, 0));
+    }
     use crate::Sample;
 
     /// A dataset of tasks named `keys`, one record each.

@@ -261,6 +261,7 @@ pub fn pretrain(o: &PretrainOptions, progress: &mut dyn Progress) -> Result<Pret
         "instructions": instructions,
         "options": opts,
         "best_epoch": training.best_epoch,
+        "leading_epoch": training.leading_epoch,
         "epochs": training.epochs,
         // What `refit-trees` and a later `pretrain --validation-tasks` judge on: tasks this
         // model never trained on.
