@@ -689,53 +689,31 @@ struct EncoderSize {
     layers: u64,
 }
 
+impl EncoderSize {
+    /// A BERT-style encoder: `layers` layers of width `d` with `heads` heads and a
+    /// feed-forward layer four times as wide.
+    const fn bert(layers: u64, d: u64, heads: u64) -> EncoderSize {
+        EncoderSize {
+            d,
+            heads,
+            ffn: 4 * d,
+            layers,
+        }
+    }
+}
+
 /// BERT-base and ViT-B.
-const BASE: EncoderSize = EncoderSize {
-    d: 768,
-    heads: 12,
-    ffn: 3072,
-    layers: 12,
-};
-
+const BASE: EncoderSize = EncoderSize::bert(12, 768, 12);
 /// BERT-tiny (Turc et al., 2019: L=2, H=128, A=2), one of TenSet's test networks.
-const TINY: EncoderSize = EncoderSize {
-    d: 128,
-    heads: 2,
-    ffn: 512,
-    layers: 2,
-};
-
+const TINY: EncoderSize = EncoderSize::bert(2, 128, 2);
 /// BERT-mini (L=4, H=256, A=4).
-const MINI: EncoderSize = EncoderSize {
-    d: 256,
-    heads: 4,
-    ffn: 1024,
-    layers: 4,
-};
-
+const MINI: EncoderSize = EncoderSize::bert(4, 256, 4);
 /// BERT-small (L=4, H=512, A=8).
-const SMALL: EncoderSize = EncoderSize {
-    d: 512,
-    heads: 8,
-    ffn: 2048,
-    layers: 4,
-};
-
+const SMALL: EncoderSize = EncoderSize::bert(4, 512, 8);
 /// BERT-medium (L=8, H=512, A=8).
-const MEDIUM: EncoderSize = EncoderSize {
-    d: 512,
-    heads: 8,
-    ffn: 2048,
-    layers: 8,
-};
-
+const MEDIUM: EncoderSize = EncoderSize::bert(8, 512, 8);
 /// BERT-large (L=24, H=1024, A=16).
-const LARGE: EncoderSize = EncoderSize {
-    d: 1024,
-    heads: 16,
-    ffn: 4096,
-    layers: 24,
-};
+const LARGE: EncoderSize = EncoderSize::bert(24, 1024, 16);
 
 /// A transformer encoder layer stack (BERT, ViT): `tokens` per sequence.
 fn encoder(
