@@ -50,7 +50,7 @@ fn overflowing_and_oversized_specs_are_refused_with_the_limit() {
                 "--batch",
                 "18446744073709551615",
             ],
-            "conv1",
+            "batch size 18446744073709551615 is too large",
         ),
         (
             vec!["tune", "--workload", "gemm:m=+64,n=8,k=8,dtype=f32"],

@@ -98,6 +98,8 @@ pub enum NetworkError {
     Unknown { name: String, known: String },
     #[error("batch size must be at least 1")]
     ZeroBatch,
+    #[error("batch size {batch} is too large (the limit is {limit})")]
+    BatchTooLarge { batch: u64, limit: u64 },
     #[error("network `{name}`: input size `{size}` must be a multiple of 32 from 64 to 1024")]
     ImageSize { name: String, size: String },
     #[error(

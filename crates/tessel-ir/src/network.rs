@@ -226,6 +226,14 @@ pub fn network_with_types(name: &str, batch: u64, types: Types) -> Result<Networ
     if batch == 0 {
         return Err(NetworkError::ZeroBatch);
     }
+    // Layers multiply the batch by tokens and heads (at most 2^15 together): bounded here,
+    // those products cannot wrap before each layer's own limits refuse them.
+    if batch > crate::workload::MAX_EXTENT {
+        return Err(NetworkError::BatchTooLarge {
+            batch,
+            limit: crate::workload::MAX_EXTENT,
+        });
+    }
     let mut b = Builder {
         graph: DiGraph::new(),
         types,
@@ -1040,6 +1048,18 @@ mod tests {
             .to_string();
         assert!(err.contains("unknown network"), "{err}");
         assert!(network("resnet50-", 1, DType::F32).is_err());
+    }
+
+    #[test]
+    fn a_batch_that_would_wrap_a_layer_is_refused() {
+        // (2^55 + 1) x 512 tokens wraps to 512 in u64: refused before any layer is built.
+        for name in ["bert-base-512", "llama7b-prefill", "resnet50"] {
+            let err = network(name, (1 << 55) + 1, DType::F32)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("batch") && err.contains("2147483648"), "{err}");
+        }
+        assert!(network("bert-tiny-128", 8, DType::F32).is_ok());
     }
 
     #[test]
