@@ -123,7 +123,15 @@ fn specs_print_back_unchanged_so_odd_forms_are_refused() {
 
 #[test]
 fn a_network_too_large_at_its_batch_names_the_layer() {
-    let e = tessel_ir::network("resnet50", u64::MAX, tessel_ir::DType::F32).unwrap_err();
+    // A batch within the limit whose layers are not: the first one too large is named.
+    let e = tessel_ir::network("resnet50", 1 << 31, tessel_ir::DType::F32).unwrap_err();
     let msg = e.to_string();
     assert!(msg.contains("conv1") && msg.contains("too large"), "{msg}");
+    // A batch over the limit is refused as such, before any layer multiplies it.
+    let e = tessel_ir::network("resnet50", u64::MAX, tessel_ir::DType::F32).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("batch size") && msg.contains("too large"),
+        "{msg}"
+    );
 }
