@@ -510,7 +510,6 @@ pub fn train(
     };
     // Every epoch's weights with its validation figures, for the choice at the end.
     let mut candidates: Vec<EpochCandidate> = Vec::new();
-    let mut best: Option<usize> = None;
     let mut behind = 0;
     let mut global = 0usize;
     for epoch in 1..=opts.epochs.max(1) {
@@ -563,10 +562,7 @@ pub fn train(
         // Stop once `patience` epochs in a row fall behind the leading one beyond the noise:
         // an epoch within it may still be the one kept.
         let last = candidates.len() - 1;
-        if best.is_none_or(|b| candidates[b].criterion < criterion) {
-            best = Some(last);
-        }
-        let lead = best.map_or(&[][..], |b| candidates[b].tasks.as_slice());
+        let lead = &candidates[leading_epoch(candidates.iter().map(|c| c.criterion))].tasks;
         if metrics::paired_gain(lead, &candidates[last].tasks).clears(EPOCH_MIN_GAIN_Z) {
             behind += 1;
             if behind >= opts.patience.max(1) {
@@ -594,6 +590,14 @@ pub fn train(
 /// epoch must reach for training to keep it (the bar `refit-trees` and `transfer` use).
 pub const EPOCH_MIN_GAIN_Z: f64 = 2.0;
 
+/// The index of the best criterion, the earliest among equals (0 when there is none).
+fn leading_epoch(criteria: impl Iterator<Item = f64>) -> usize {
+    criteria
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
+        .map_or(0, |(i, _)| i)
+}
+
 /// One epoch's weights and validation figures.
 struct EpochCandidate {
     epoch: usize,
@@ -612,14 +616,10 @@ struct EpochCandidate {
 /// is kept only when its lead is beyond the noise. Without validation figures (`tasks`
 /// empty) no lead is significant and the last epoch is kept.
 pub fn kept_epoch(epochs: &[(f64, &[f64])]) -> (usize, usize) {
-    let Some(leading) = epochs
-        .iter()
-        .enumerate()
-        .max_by(|a, b| a.1.0.total_cmp(&b.1.0).then(b.0.cmp(&a.0)))
-        .map(|(i, _)| i)
-    else {
+    if epochs.is_empty() {
         return (0, 0);
-    };
+    }
+    let leading = leading_epoch(epochs.iter().map(|e| e.0));
     let lead = epochs[leading].1;
     let kept = (leading..epochs.len())
         .rev()
