@@ -123,6 +123,16 @@ def tvm_peer(spec, trials, isa, work):
             "trials": trials, "wall_s": wall, "note": f"mcpu {r['mcpu']}, correct={r['correct']}"}
 
 
+def ceiling(isa):
+    """One core's f32 ceiling on AVX2 (ceiling.c): the FMA peak and the 6x16 register block
+    on panels in L1. None where the machine has no AVX2 build to measure."""
+    exe = os.path.join(tempfile.mkdtemp(prefix="tessel-ceiling-"), "ceiling")
+    march = "znver3" if isa == "avx2" else "native"
+    run(["gcc", "-O3", f"-march={march}", os.path.join(HERE, "ceiling.c"), "-o", exe])
+    out, _ = run([exe])
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def tessel_peer(spec, trials, isa, work, prepacked=False):
     os.makedirs(work, exist_ok=True)
     log = os.path.join(work, "tessel.jsonl")
@@ -163,7 +173,7 @@ def main():
     ap.add_argument("--trials", type=int, default=64, help="tessel's trials")
     ap.add_argument("--ms-trials", type=int, default=200, help="MetaSchedule's trials")
     ap.add_argument("--isa", choices=["native", "avx2"], default="native")
-    ap.add_argument("--skip", default="", help="comma-separated: numpy,onednn,tvm,tessel")
+    ap.add_argument("--skip", default="", help="comma-separated: numpy,onednn,tvm,tessel,ceiling")
     ap.add_argument("--out", default="peers.json")
     ap.add_argument("--prepacked-weights", action="store_true",
                     help="a second tessel row: tuned and timed with the weights packed beforehand, "
@@ -175,6 +185,14 @@ def main():
             sys.exit(f"{path} is missing: run {what}")
     skip = set(filter(None, a.skip.split(",")))
     rows = []
+    ceil = None
+    if "ceiling" not in skip:
+        try:
+            ceil = ceiling(a.isa)
+            print(f"  one core's f32 ceiling (ceiling.c): FMA peak {ceil['fma_peak']['best']:.1f}, "
+                  f"6x16 register block in L1 {ceil['register_block_6x16_l1']['best']:.1f} GFLOP/s", flush=True)
+        except Exception as e:  # a machine without AVX2 or gcc: the table goes on without it
+            print(f"  ceiling: failed: {e}"[:300], flush=True)
     for spec in filter(None, a.workloads.split(";")):
         kind, kv = parse_spec(spec)
         fl = flops(kind, kv)
@@ -208,6 +226,9 @@ def main():
         summary = {}
         if ts and libs:
             summary["tessel_vs_best_library"] = ts["gflops"] / max(libs)
+        if ceil and libs and kind in ("gemm", "dense"):
+            # What 1.10x the best library asks of the register block that would run it.
+            summary["needed_for_1.10x_vs_register_block"] = 1.10 * max(libs) / ceil["register_block_6x16_l1"]["best"]
         if pp and libs:
             summary["prepacked_tessel_vs_best_library"] = pp["gflops"] / max(libs)
         if ts and ms_:
@@ -220,6 +241,10 @@ def main():
 
     print()
     print(f"one thread, isa {a.isa}, {time.strftime('%Y-%m-%d %H:%M')}")
+    if ceil:
+        print(f"one core's f32 ceiling: FMA peak {ceil['fma_peak']['best']:.1f} GFLOP/s, "
+              f"6x16 register block on panels in L1 {ceil['register_block_6x16_l1']['best']:.1f} "
+              f"(median {ceil['register_block_6x16_l1']['median']:.1f})")
     print(f"{'workload':<24} {'peer':<34} {'GFLOP/s':>8} {'trials':>6} {'wall s':>7}  note")
     for row in rows:
         kind, kv = parse_spec(row["workload"])
@@ -235,6 +260,9 @@ def main():
             parts.append(f"tessel / best library {s['tessel_vs_best_library']:.2f}x")
         if "prepacked_tessel_vs_best_library" in s:
             parts.append(f"pre-packed {s['prepacked_tessel_vs_best_library']:.2f}x")
+        if "needed_for_1.10x_vs_register_block" in s:
+            parts.append(f"1.10x the best library = {100 * s['needed_for_1.10x_vs_register_block']:.0f}% "
+                         "of the 6x16 register block in L1")
         if "tessel_vs_metaschedule" in s:
             parts.append(f"tessel / MetaSchedule {s['tessel_vs_metaschedule']:.2f}x")
         if s.get("tessel_s_to_metaschedule_best") is not None:
@@ -248,7 +276,7 @@ def main():
         for r in row["results"]:
             r.pop("curve", None)
     with open(a.out, "w") as f:
-        json.dump({"isa": a.isa, "rows": rows}, f, indent=1)
+        json.dump({"isa": a.isa, "ceiling": ceil, "rows": rows}, f, indent=1)
     print(f"numbers: {a.out}")
 
 

@@ -46,7 +46,7 @@ pub struct Compiler {
 pub const DEFAULT_COMPILE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The `-m` flag that enables a CPU feature (as [`tessel_intrin::HostCpu`] names it).
-fn feature_flag(feature: &str) -> Option<&'static str> {
+pub(crate) fn feature_flag(feature: &str) -> Option<&'static str> {
     Some(match feature {
         "amx_tile" => "-mamx-tile",
         "amx_bf16" => "-mamx-bf16",

@@ -27,59 +27,73 @@ pub struct Peaks {
 
 /// The C body of one peak kernel: `iters` rounds of independent instructions; returns the
 /// operations done (per thread).
-fn body(id: &str) -> Option<(&'static str, &'static str)> {
-    // (setup + loop body, operations per loop iteration)
+fn body(id: &str) -> Option<(&'static str, &'static str, usize)> {
+    // (setup + loop body, operations per loop iteration, instructions per loop iteration)
     Some(match id {
         "avx2.vfmadd231ps" => (
             "__m256 c[12]; for (int i = 0; i < 12; i++) c[i] = _mm256_set1_ps((float)i);
-             __m256 a = _mm256_set1_ps(1e-9f), b = _mm256_set1_ps(0.5f);
+             __m256 a = _mm256_set1_ps(1e-9f), b = _mm256_set1_ps(0.5f); TSL_OPAQUE(a); TSL_OPAQUE(b);
              for (long it = 0; it < iters; it++) { for (int i = 0; i < 12; i++) c[i] = _mm256_fmadd_ps(a, b, c[i]); }
+             for (int i = 0; i < 12; i++) TSL_KEEP(c[i]);
              float s[8]; __m256 t = c[0]; for (int i = 1; i < 12; i++) t = _mm256_add_ps(t, c[i]); _mm256_storeu_ps(s, t); sink += s[0];",
             "12 * 8 * 2",
+            12,
         ),
         // The kernels' own vpmaddwd + vpaddd pair (the prelude's asm): as intrinsics, gcc
         // hoists the loop-invariant product out of the loop, or spills on 16 ymm registers.
         "avx2.vpmaddwd" => (
             "__m256i c[12]; for (int i = 0; i < 12; i++) c[i] = _mm256_set1_epi32(i);
-             __m256i a = _mm256_set1_epi32(0x00010001), b = _mm256_set1_epi32(0x00010001);
+             __m256i a = _mm256_set1_epi32(0x00010001), b = _mm256_set1_epi32(0x00010001); TSL_OPAQUE(a); TSL_OPAQUE(b);
              for (long it = 0; it < iters; it++) { for (int i = 0; i < 12; i++) c[i] = tsl_madd_add(c[i], a, b); }
+             for (int i = 0; i < 12; i++) TSL_KEEP(c[i]);
              int32_t s[8]; __m256i t = c[0]; for (int i = 1; i < 12; i++) t = _mm256_add_epi32(t, c[i]); _mm256_storeu_si256((__m256i *)s, t); sink += s[0];",
             "12 * 8 * 2 * 2",
+            12,
         ),
         "avx2.vpmaddubsw" => (
             "__m256i c[12]; for (int i = 0; i < 12; i++) c[i] = _mm256_set1_epi32(i);
-             __m256i a = _mm256_set1_epi32(0x01010101), b = _mm256_set1_epi32(0x01010101);
+             __m256i a = _mm256_set1_epi32(0x01010101), b = _mm256_set1_epi32(0x01010101); TSL_OPAQUE(a); TSL_OPAQUE(b);
              for (long it = 0; it < iters; it++) { for (int i = 0; i < 12; i++) c[i] = tsl_maddubs_add(c[i], a, b); }
+             for (int i = 0; i < 12; i++) TSL_KEEP(c[i]);
              int32_t s[8]; __m256i t = c[0]; for (int i = 1; i < 12; i++) t = _mm256_add_epi32(t, c[i]); _mm256_storeu_si256((__m256i *)s, t); sink += s[0];",
             "12 * 8 * 4 * 2",
+            12,
         ),
         "avxvnni.vpdpbusd" => (
             "__m256i c[12]; for (int i = 0; i < 12; i++) c[i] = _mm256_set1_epi32(i);
-             __m256i a = _mm256_set1_epi32(0x01010101), b = _mm256_set1_epi32(0x01010101);
+             __m256i a = _mm256_set1_epi32(0x01010101), b = _mm256_set1_epi32(0x01010101); TSL_OPAQUE(a); TSL_OPAQUE(b);
              for (long it = 0; it < iters; it++) { for (int i = 0; i < 12; i++) c[i] = _mm256_dpbusd_avx_epi32(c[i], a, b); }
+             for (int i = 0; i < 12; i++) TSL_KEEP(c[i]);
              int32_t s[8]; __m256i t = c[0]; for (int i = 1; i < 12; i++) t = _mm256_add_epi32(t, c[i]); _mm256_storeu_si256((__m256i *)s, t); sink += s[0];",
             "12 * 8 * 4 * 2",
+            12,
         ),
         "avx512.vfmadd231ps" => (
             "__m512 c[16]; for (int i = 0; i < 16; i++) c[i] = _mm512_set1_ps((float)i);
-             __m512 a = _mm512_set1_ps(1e-9f), b = _mm512_set1_ps(0.5f);
+             __m512 a = _mm512_set1_ps(1e-9f), b = _mm512_set1_ps(0.5f); TSL_OPAQUE(a); TSL_OPAQUE(b);
              for (long it = 0; it < iters; it++) { for (int i = 0; i < 16; i++) c[i] = _mm512_fmadd_ps(a, b, c[i]); }
+             for (int i = 0; i < 16; i++) TSL_KEEP(c[i]);
              __m512 t = c[0]; for (int i = 1; i < 16; i++) t = _mm512_add_ps(t, c[i]); sink += _mm512_reduce_add_ps(t);",
             "16 * 16 * 2",
+            16,
         ),
         "avx512.vpdpbusd" => (
             "__m512i c[16]; for (int i = 0; i < 16; i++) c[i] = _mm512_set1_epi32(i);
-             __m512i a = _mm512_set1_epi32(0x01010101), b = _mm512_set1_epi32(0x01010101);
+             __m512i a = _mm512_set1_epi32(0x01010101), b = _mm512_set1_epi32(0x01010101); TSL_OPAQUE(a); TSL_OPAQUE(b);
              for (long it = 0; it < iters; it++) { for (int i = 0; i < 16; i++) c[i] = _mm512_dpbusd_epi32(c[i], a, b); }
+             for (int i = 0; i < 16; i++) TSL_KEEP(c[i]);
              __m512i t = c[0]; for (int i = 1; i < 16; i++) t = _mm512_add_epi32(t, c[i]); sink += _mm512_reduce_add_epi32(t);",
             "16 * 16 * 4 * 2",
+            16,
         ),
         "avx512.vdpbf16ps" => (
             "__m512 c[16]; for (int i = 0; i < 16; i++) c[i] = _mm512_set1_ps((float)i);
-             __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80), b = (__m512bh)_mm512_set1_epi32(0x3f803f80);
+             __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80), b = (__m512bh)_mm512_set1_epi32(0x3f803f80); TSL_OPAQUE(a); TSL_OPAQUE(b);
              for (long it = 0; it < iters; it++) { for (int i = 0; i < 16; i++) c[i] = _mm512_dpbf16_ps(c[i], a, b); }
+             for (int i = 0; i < 16; i++) TSL_KEEP(c[i]);
              __m512 t = c[0]; for (int i = 1; i < 16; i++) t = _mm512_add_ps(t, c[i]); sink += _mm512_reduce_add_ps(t);",
             "16 * 16 * 2 * 2",
+            16,
         ),
         "amx.tdpbf16ps" => (
             "static char zero[1024] __attribute__((aligned(64)));
@@ -88,17 +102,55 @@ fn body(id: &str) -> Option<(&'static str, &'static str)> {
              for (long it = 0; it < iters; it++) { _tile_dpbf16ps(0, 4, 5); _tile_dpbf16ps(1, 4, 5); _tile_dpbf16ps(2, 4, 5); _tile_dpbf16ps(3, 4, 5); }
              _tile_stored(0, zero, 64); _tile_release(); sink += zero[0];",
             "4 * 16 * 16 * 32 * 2",
+            4,
         ),
-        "amx.tdpbusd" | "amx.tdpbssd" => (
+        "amx.tdpbusd" => (
             "static char zero[1024] __attribute__((aligned(64)));
              TSL_AMX_INIT();
              _tile_loadd(4, zero, 64); _tile_loadd(5, zero, 64);
              for (long it = 0; it < iters; it++) { _tile_dpbusd(0, 4, 5); _tile_dpbusd(1, 4, 5); _tile_dpbusd(2, 4, 5); _tile_dpbusd(3, 4, 5); }
              _tile_stored(0, zero, 64); _tile_release(); sink += zero[0];",
             "4 * 16 * 16 * 64 * 2",
+            4,
+        ),
+        // Its own instruction (it measured tdpbusd's loop until the assembly test below).
+        "amx.tdpbssd" => (
+            "static char zero[1024] __attribute__((aligned(64)));
+             TSL_AMX_INIT();
+             _tile_loadd(4, zero, 64); _tile_loadd(5, zero, 64);
+             for (long it = 0; it < iters; it++) { _tile_dpbssd(0, 4, 5); _tile_dpbssd(1, 4, 5); _tile_dpbssd(2, 4, 5); _tile_dpbssd(3, 4, 5); }
+             _tile_stored(0, zero, 64); _tile_release(); sink += zero[0];",
+            "4 * 16 * 16 * 64 * 2",
+            4,
         ),
         _ => return None,
     })
+}
+
+/// What every peak module starts with: the kernels' prelude, the OpenMP thread setter, and
+/// the two barriers that keep gcc honest. A chain whose result is never read is dead code:
+/// gcc 12 at -O3 dropped one of the twelve AVX2 FMA chains (its accumulator started at
+/// zero), so the loop ran 11 FMAs while the rate counted 12, and the Zen 4 guest's AVX2 peak
+/// read 125 GFLOP/s instead of the 117.5 it is. `TSL_KEEP` makes each accumulator an input
+/// of an (empty) asm statement after the loop; `TSL_OPAQUE` hides the constant operands, so
+/// that no product is folded or hoisted out of the loop.
+fn module_prelude() -> String {
+    let mut src = String::from(crate::codegen::PRELUDE);
+    src.push_str(
+        "#include <omp.h>\nvoid tsl_set_threads(int t) { omp_set_num_threads(t); }\n\
+         #define TSL_OPAQUE(x) __asm__ volatile(\"\" : \"+v\"(x))\n\
+         #define TSL_KEEP(x) __asm__ volatile(\"\" : : \"v\"(x))\n",
+    );
+    src
+}
+
+/// The C function of one peak kernel: `body` on each OpenMP thread, returning the
+/// operations done.
+fn kernel_source(id: &str, body: &str, ops: &str) -> String {
+    format!(
+        "double {}(long iters) {{\n  double total = 0;\n  #pragma omp parallel reduction(+:total)\n  {{\n    volatile float sink = 0;\n    {body}\n    total += (double)iters * ({ops});\n  }}\n  return total;\n}}\n",
+        symbol(id)
+    )
 }
 
 /// Seconds of one timed run of a peak kernel.
@@ -152,22 +204,18 @@ pub fn measure_peaks(
     let mut skipped = Vec::new();
     let mut runnable = Vec::new();
     let mut features = std::collections::BTreeSet::new();
-    let mut src = String::from(crate::codegen::PRELUDE);
-    src.push_str("#include <omp.h>\nvoid tsl_set_threads(int t) { omp_set_num_threads(t); }\n");
+    let mut src = module_prelude();
     for id in ids {
         let Some(intr) = catalog.get(id) else {
             skipped.push((id.to_string(), "unknown instruction".into()));
             continue;
         };
         match (host.supports(intr), body(id)) {
-            (Support::Yes, Some((b, ops))) => {
+            (Support::Yes, Some((b, ops, _))) => {
                 if let tessel_intrin::Requirement::CpuFeatures(f) = &intr.requires {
                     features.extend(f.iter().map(|s| s.to_string()));
                 }
-                src.push_str(&format!(
-                    "double {}(long iters) {{\n  double total = 0;\n  #pragma omp parallel reduction(+:total)\n  {{\n    volatile float sink = 0;\n    {b}\n    total += (double)iters * ({ops});\n  }}\n  return total;\n}}\n",
-                    symbol(id)
-                ));
+                src.push_str(&kernel_source(id, b, ops));
                 runnable.push(id.to_string());
             }
             (Support::No(why), _) => skipped.push((id.to_string(), why)),
@@ -243,6 +291,61 @@ pub fn measure_peaks(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every peak kernel's loop, compiled as `measure_peaks` compiles it (gcc -O3, OpenMP,
+    /// the instruction's -m flags; any x86 host: nothing runs), holds its instruction as
+    /// many times as the rate counts, or a multiple of that where gcc unrolls: no chain was
+    /// dropped as dead code (one of the AVX2 FMA's twelve was, and the peak read 9% high).
+    #[test]
+    fn every_peak_kernel_runs_every_instruction_it_counts() {
+        let Ok(cc) = Compiler::new(std::env::temp_dir().join("tessel-peak-asm-test")) else {
+            eprintln!("no C compiler: skipped");
+            return;
+        };
+        let catalog = Catalog::default();
+        let dir = std::env::temp_dir().join(format!("tessel-peak-asm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut checked = 0;
+        for intr in &catalog.intrinsics {
+            let Some((b, ops, per_iter)) = body(intr.id) else {
+                continue;
+            };
+            let tessel_intrin::Requirement::CpuFeatures(features) = &intr.requires else {
+                continue;
+            };
+            let src = module_prelude() + &kernel_source(intr.id, b, ops);
+            let c = dir.join(format!("{}.c", symbol(intr.id)));
+            let s = c.with_extension("s");
+            std::fs::write(&c, src).unwrap();
+            let mut cmd = std::process::Command::new(cc.cc());
+            cmd.args(["-O3", "-S", "-fopenmp", "-march=x86-64-v3"]);
+            cmd.args(
+                features
+                    .iter()
+                    .filter_map(|f| crate::compile::feature_flag(f)),
+            );
+            let out = cmd.arg(&c).arg("-o").arg(&s).output().unwrap();
+            if !out.status.success() {
+                // An old gcc without this instruction's -m flag cannot say; others still do.
+                eprintln!("{}: {}", intr.id, String::from_utf8_lossy(&out.stderr));
+                continue;
+            }
+            let asm = std::fs::read_to_string(&s).unwrap();
+            let mnemonic = intr.id.split('.').nth(1).unwrap();
+            let found = asm
+                .lines()
+                .filter(|l| l.split_whitespace().any(|w| w == mnemonic))
+                .count();
+            assert!(
+                found >= per_iter && found % per_iter == 0,
+                "{}: the compiled loop holds {found} {mnemonic}, the rate counts {per_iter} an iteration",
+                intr.id
+            );
+            checked += 1;
+        }
+        std::fs::remove_dir_all(&dir).ok();
+        assert!(checked >= 3, "only {checked} peak kernels compiled");
+    }
 
     fn best_of(rates: &[f64]) -> BestOf {
         let mut b = BestOf::default();
