@@ -99,8 +99,16 @@ pub fn tune(r: &TuneReport, opts: &TuneOptions) {
             let spread = t.allocation_spread.map_or(String::new(), |s| {
                 format!(", spread {:.1}% across them", 100.0 * s)
             });
+            let which = match t.winner_search_rank {
+                Some(1) | None => "the search's best".to_string(),
+                Some(r) => format!(
+                    "the search's #{r} ({})",
+                    t.mapping.as_deref().unwrap_or("vectorized loops")
+                ),
+            };
             println!(
-                "re-measured on {} fresh allocations: {ms:.4} ms{spread}  ({})",
+                "re-measured {} finalist(s) on {} fresh allocations each; the fastest, {which}: {ms:.4} ms{spread}  ({})",
+                t.finalists,
                 tessel::REMEASURE_ALLOCATIONS,
                 t.workload
             );

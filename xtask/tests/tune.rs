@@ -75,16 +75,34 @@ fn a_killed_tuning_run_resumes_from_its_log() {
     }
     assert!(report["gflops"].as_f64().unwrap() > 0.0);
 
-    // Every logged candidate is distinct: nothing was measured twice.
+    // Every candidate the search logged is distinct: nothing was measured twice. The
+    // finalists timed again after the search follow, as `remeasure` records of schedules
+    // already in the log.
     let text = std::fs::read_to_string(&log).unwrap();
-    let traces: Vec<String> = text
+    let records: Vec<serde_json::Value> = text
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .collect();
+    let remeasure = |v: &serde_json::Value| v["sampler"] == "remeasure";
+    let traces: Vec<String> = records
+        .iter()
+        .filter(|v| !remeasure(v))
         .map(|v| v["trace"].to_string())
         .collect();
     let distinct: std::collections::HashSet<&String> = traces.iter().collect();
     assert_eq!(traces.len(), before + 8);
     assert_eq!(distinct.len(), traces.len());
+    let finalists = report["tasks"][0]["finalists"].as_u64().unwrap() as usize;
+    let again: Vec<&serde_json::Value> = records.iter().filter(|v| remeasure(v)).collect();
+    assert!(
+        finalists >= 1 && again.len() == finalists,
+        "{finalists} finalists"
+    );
+    assert!(
+        again
+            .iter()
+            .all(|v| distinct.contains(&v["trace"].to_string()))
+    );
 
     let best = Command::new(XTASK)
         .args(["best", "--log"])

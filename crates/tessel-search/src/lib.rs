@@ -29,10 +29,10 @@ mod search;
 mod space;
 
 pub use error::SearchError;
-pub use records::{RecordLog, TuningRecord, read_log, supersede, supersede_by};
+pub use records::{REMEASURE_SAMPLER, RecordLog, TuningRecord, read_log, supersede, supersede_by};
 pub use search::{
-    Best, CUT_SHORT_FACTOR, CUT_SHORT_FLOOR_S, Progress, RandomModel, SearchOptions, Stats, Task,
-    Tuner, cut_short_budget,
+    Best, CUT_SHORT_FACTOR, CUT_SHORT_FLOOR_S, FINALISTS_BY_EACH, Progress, RandomModel,
+    SearchOptions, Stats, Task, Tuner, cut_short_budget,
 };
 pub use space::gpu::{GPU_MAX_SHARED_BYTES, GPU_MAX_THREADS};
 pub use space::{CPU_INSTRUCTIONS, InstructionSet, Sketch, Space, SpaceMapping, max_accumulators};

@@ -4,7 +4,7 @@
 use proptest::prelude::*;
 use tessel_ir::{Trace, Workload};
 use tessel_measure::{HardwareFingerprint, Measurement, Timing};
-use tessel_search::{TuningRecord, read_log, supersede};
+use tessel_search::{REMEASURE_SAMPLER, TuningRecord, read_log, supersede};
 
 fn record() -> TuningRecord {
     let w: Workload = "gemm:m=16,n=16,k=16,dtype=f32".parse().unwrap();
@@ -111,6 +111,63 @@ fn a_later_record_of_the_same_schedule_supersedes_the_earlier() {
     let log = read_log(&path).unwrap();
     assert_eq!(log.records.len(), 3);
     assert_eq!(log.latest().records.len(), 2);
+}
+
+#[test]
+fn a_tunes_timings_of_its_finalists_decide_its_best_over_the_search_timings() {
+    let timed = |median_s: f64, trace: Trace, sampler: &str| {
+        let mut r = record().with_sampler(sampler);
+        r.trace = trace;
+        if let Ok(m) = &mut r.result {
+            m.gflops *= m.timing.median_s / median_s;
+            m.timing.median_s = median_s;
+            m.timing.min_s = median_s;
+        }
+        r
+    };
+    let mut direct = Trace::new();
+    direct.split("n", &[4]);
+    let mut lucky = Trace::new();
+    lucky.split("m", &[4]);
+    let w = "gemm:m=16,n=16,k=16,dtype=f32";
+    let best = |records: Vec<TuningRecord>| {
+        let lines: Vec<String> = records
+            .iter()
+            .map(|r| serde_json::to_string(r).unwrap())
+            .collect();
+        let path = write("finalists", format!("{}\n", lines.join("\n")).as_bytes());
+        let log = read_log(&path).unwrap();
+        let by_key = log
+            .best()
+            .values()
+            .map(|r| r.trace.clone())
+            .collect::<Vec<_>>();
+        let of = log.best_of(w).map(|r| r.trace.clone());
+        assert_eq!(by_key, of.clone().into_iter().collect::<Vec<_>>());
+        of.unwrap()
+    };
+    // The search timed the lucky schedule fastest; timed again, the direct one is faster.
+    let search = vec![
+        timed(2.1e-3, lucky.clone(), "search"),
+        timed(2.7e-3, direct.clone(), "search"),
+    ];
+    assert_eq!(best(search.clone()), lucky);
+    let mut all = search.clone();
+    all.push(timed(2.3e-3, lucky.clone(), REMEASURE_SAMPLER));
+    all.push(timed(2.0e-3, direct.clone(), REMEASURE_SAMPLER));
+    assert_eq!(best(all.clone()), direct);
+    // A re-measurement beats a faster search timing even when it is slower than that one.
+    let mut slow = search;
+    slow.push(timed(2.5e-3, direct.clone(), REMEASURE_SAMPLER));
+    assert_eq!(best(slow), direct);
+    // A failed re-measurement is no best.
+    let mut failed = timed(1.0e-3, Trace::new(), REMEASURE_SAMPLER);
+    failed.result = Err(tessel_measure::MeasureError::new(
+        tessel_measure::MeasureErrorKind::Compile,
+        "gcc said no",
+    ));
+    all.push(failed);
+    assert_eq!(best(all), direct);
 }
 
 proptest! {

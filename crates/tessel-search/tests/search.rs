@@ -11,8 +11,8 @@ use tessel_measure::{
 };
 use tessel_search::rng::Rng;
 use tessel_search::{
-    CPU_INSTRUCTIONS, InstructionSet, RandomModel, RecordLog, SearchOptions, Sketch, Space, Task,
-    Tuner, read_log,
+    CPU_INSTRUCTIONS, FINALISTS_BY_EACH, InstructionSet, RandomModel, RecordLog, SearchOptions,
+    Sketch, Space, Task, Tuner, read_log,
 };
 
 /// Pretends to measure: a latency that is a fixed function of the trace.
@@ -492,6 +492,50 @@ fn the_same_seed_gives_the_same_run() {
         a.len(),
         "a candidate was measured twice"
     );
+}
+
+#[test]
+fn the_finalists_are_the_fastest_by_median_and_by_fastest_run_and_every_seed() {
+    let mut m = FakeMeasurer::new();
+    let mut model = RandomModel::new(3);
+    let mut ts = tasks();
+    Tuner::new(&mut m, &mut model, None, "fake", opts(3))
+        .tune(&mut ts, 40, &mut |_| {})
+        .unwrap();
+    for t in &ts {
+        let finalists = t.finalists();
+        let best = t.best.as_ref().unwrap();
+        // The search's best first, the rest by the search's timing.
+        assert_eq!(finalists[0].trace, best.trace);
+        assert!(
+            finalists
+                .windows(2)
+                .all(|w| w[0].latency_s <= w[1].latency_s)
+        );
+        // Every seed that was measured is a finalist, however slow it measured.
+        let seeds: Vec<_> = t
+            .space()
+            .seeds()
+            .iter()
+            .filter_map(|s| t.space().lower(s).ok().map(|(trace, _)| trace))
+            .filter(|trace| m.measured.contains(&trace.to_json()))
+            .collect();
+        assert!(!seeds.is_empty(), "{}: no seed was measured", t.workload);
+        for s in &seeds {
+            assert!(
+                finalists.iter().any(|f| &f.trace == s),
+                "{}: a seed is missing",
+                t.workload
+            );
+        }
+        // And no more than the seeds and the fastest few by each statistic.
+        assert!(
+            finalists.len() <= seeds.len() + 2 * FINALISTS_BY_EACH,
+            "{}",
+            finalists.len()
+        );
+        assert!(finalists.len() > seeds.len().min(FINALISTS_BY_EACH));
+    }
 }
 
 #[test]

@@ -12,13 +12,13 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use tessel_ir::{DType, Workload};
-use tessel_search::TuningRecord;
+use tessel_search::{REMEASURE_SAMPLER, TuningRecord};
 
 use crate::error::{Context, Result, bail};
 use crate::learn::load_model;
 use crate::progress::Progress;
 use crate::tune::{
-    ModelChoice, TuneOptions, check_search_options, cpu_instructions, read_log_noting,
+    ModelChoice, TuneOptions, check_search_options, cpu_instructions, read_log_noting_raw,
     shipped_model, tune,
 };
 
@@ -302,6 +302,8 @@ pub fn search_eval(o: &SearchEvalOptions, progress: &mut dyn Progress) -> Result
                     t.trials = budget;
                     t.seed = seed;
                     t.log = Some(log.clone());
+                    // The curves are the search's own timings.
+                    t.no_remeasure = true;
                     t.model = match ranking {
                         Ranking::Model => o.model.clone(),
                         Ranking::Random => ModelChoice::Random,
@@ -437,14 +439,16 @@ fn task_list(o: &SearchEvalOptions) -> Result<Vec<Workload>> {
     Ok(out)
 }
 
-/// A run's records of `w`, in the order they were measured.
+/// A run's records of `w`, in the order they were measured; not the finalists a `tune` into
+/// the same log timed again after its search (those are no trials, and as the latest
+/// timings of their schedules they would move them to the end).
 fn read_run(log: &Path, w: &Workload, progress: &mut dyn Progress) -> Result<Vec<TuningRecord>> {
     let spec = w.to_string();
-    Ok(read_log_noting(log, progress)?
+    let mut contents = read_log_noting_raw(log, progress)?;
+    contents
         .records
-        .into_iter()
-        .filter(|r| r.workload == spec)
-        .collect())
+        .retain(|r| r.workload == spec && r.sampler.as_deref() != Some(REMEASURE_SAMPLER));
+    Ok(contents.latest().records)
 }
 
 /// The best valid throughput after each of the first `trials` records. Failed runs are

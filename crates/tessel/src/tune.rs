@@ -123,6 +123,12 @@ pub struct TuneOptions {
     /// oneDNN's max ISA does. Default: every instruction this CPU has.
     #[cfg_attr(feature = "clap", arg(long, value_delimiter = ','))]
     pub instructions: Vec<String>,
+    /// Do not time the finalists again after the search (the fastest few by median and by
+    /// fastest run, and the seeds, on fresh allocations each; the fastest then is the
+    /// reported best and `remeasure` records in the log). Search curves (`search-eval`) do
+    /// without.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub no_remeasure: bool,
     /// The measurement worker executable (default: this program; see `serve_if_worker`).
     #[cfg_attr(feature = "clap", arg(skip))]
     pub worker_exe: Option<PathBuf>,
@@ -151,6 +157,7 @@ impl TuneOptions {
             no_pipeline: false,
             prepacked_weights: false,
             instructions: Vec::new(),
+            no_remeasure: false,
             worker_exe: None,
         }
     }
@@ -176,12 +183,18 @@ pub struct TaskReport {
     /// The best candidate's trace (JSON).
     #[serde(skip)]
     pub trace: Option<tessel_ir::Trace>,
-    /// The best candidate re-measured after the search on [`REMEASURE_ALLOCATIONS`] fresh
+    /// The fastest finalist re-measured after the search on [`REMEASURE_ALLOCATIONS`] fresh
     /// allocations of its buffers (CPU targets): median latency over all of them, ms.
     pub remeasured_ms: Option<f64>,
     /// (slowest - fastest) / fastest of the allocations' medians in that re-measurement: a
     /// kernel whose speed depends on where its pages land shows it here.
     pub allocation_spread: Option<f64>,
+    /// How many finalists were timed again ([`tessel_search::Task::finalists`]); the
+    /// fastest of them is the reported best (`mapping`, `trace`, `remeasured_ms`).
+    pub finalists: usize,
+    /// Where that winner stood among the finalists by the search's own timings (1: the
+    /// search's best).
+    pub winner_search_rank: Option<usize>,
 }
 
 /// Allocations of fresh buffers the final best of each task is re-measured on.
@@ -481,7 +494,7 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
     progress.finish();
     let stats = tuner.stats.clone();
     let elapsed = start.elapsed().as_secs_f64();
-    drop(tuner);
+    let mut log = tuner.into_log();
 
     // Peaks of the instructions the bests use, measured now: one settles in a second or
     // so, and a search that can use eight instructions mostly ends on one or two.
@@ -521,10 +534,19 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
             trace: t.best.as_ref().map(|b| b.trace.clone()),
             remeasured_ms: None,
             allocation_spread: None,
+            finalists: 0,
+            winner_search_rank: None,
         })
         .collect();
-    if opts.target == TargetSpec::Cpu {
-        remeasure(&tasks, opts, &mut task_reports, progress)?;
+    if opts.target == TargetSpec::Cpu && !opts.no_remeasure {
+        remeasure(
+            &tasks,
+            opts,
+            &mut task_reports,
+            log.as_mut(),
+            &target_label,
+            progress,
+        )?;
     }
     let all_found = tasks.iter().all(|t| t.best.is_some());
     let latency_s: Option<f64> = all_found.then(|| {
@@ -566,27 +588,41 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
     })
 }
 
-/// Re-measures each task's best on fresh allocations of its buffers, in a measurer of its
-/// own: the log's best was timed on one allocation, and the search picked the luckiest.
+/// Times each task's finalists ([`Task::finalists`]: the fastest few by median and by
+/// fastest run, and the space's seeds) again on fresh allocations of their buffers, in a
+/// measurer of its own, and makes the fastest of them the task's reported best: the search
+/// timed each candidate once, on one allocation, and keeps its luckiest timing. The new
+/// timings are appended to the log as `remeasure` records, which [`tessel_search::RecordLog`]
+/// readers then prefer (`best`, `export`).
 fn remeasure(
     tasks: &[Task],
     opts: &TuneOptions,
     reports: &mut [TaskReport],
+    mut log: Option<&mut RecordLog>,
+    target_label: &str,
     progress: &mut dyn Progress,
 ) -> Result<()> {
-    let best: Vec<(usize, Candidate)> = tasks
+    // (task, its finalists' candidates, their bests)
+    let finalists: Vec<(usize, Vec<Candidate>, Vec<&tessel_search::Best>)> = tasks
         .iter()
         .enumerate()
         .filter_map(|(i, t)| {
-            t.best.as_ref().map(|b| {
-                let weights = t.workload.weight_input().filter(|_| opts.prepacked_weights);
-                let c = Candidate::new(t.workload.to_op(), b.trace.clone())
-                    .with_prepacked_weights(weights);
-                (i, c)
-            })
+            let bests = t.finalists();
+            if bests.is_empty() {
+                return None;
+            }
+            let weights = t.workload.weight_input().filter(|_| opts.prepacked_weights);
+            let cands = bests
+                .iter()
+                .map(|b| {
+                    Candidate::new(t.workload.to_op(), b.trace.clone())
+                        .with_prepacked_weights(weights)
+                })
+                .collect();
+            Some((i, cands, bests))
         })
         .collect();
-    if best.is_empty() {
+    if finalists.is_empty() {
         return Ok(());
     }
     let worker = crate::worker::worker_command("cpu", opts.worker_exe.as_deref())?;
@@ -601,18 +637,50 @@ fn remeasure(
             ..Default::default()
         },
     )?;
-    let cands: Vec<Candidate> = best.iter().map(|(_, c)| c.clone()).collect();
-    for ((i, _), r) in best.iter().zip(m.measure(&cands)) {
-        match r {
-            Ok(m) => {
-                reports[*i].remeasured_ms = Some(m.timing.median_s * 1e3);
-                reports[*i].allocation_spread = m.allocation_spread;
-            }
-            Err(e) => progress.note(&format!(
-                "warning: re-measuring the best of {} failed: {e}",
-                reports[*i].workload
-            )),
+    let fp = m.fingerprint().clone();
+    for (i, cands, bests) in finalists {
+        let results = m.measure(&cands);
+        let task = &tasks[i];
+        let records: Vec<TuningRecord> = bests
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.is_ok())
+            .map(|(b, r)| {
+                TuningRecord::new(
+                    &task.workload,
+                    target_label,
+                    fp.clone(),
+                    b.trace.clone(),
+                    b.mapping.clone(),
+                    r.clone(),
+                )
+                .with_sampler(tessel_search::REMEASURE_SAMPLER)
+                .with_prepacked_weights(opts.prepacked_weights)
+            })
+            .collect();
+        if let Some(log) = log.as_deref_mut() {
+            log.append(&records)?;
         }
+        for e in results.iter().filter_map(|r| r.as_ref().err()) {
+            progress.note(&format!(
+                "warning: re-measuring a finalist of {} failed: {e}",
+                reports[i].workload
+            ));
+        }
+        let winner = bests
+            .iter()
+            .zip(&results)
+            .filter_map(|(b, r)| r.as_ref().ok().map(|m| (b, m)))
+            .min_by(|x, y| x.1.timing.median_s.total_cmp(&y.1.timing.median_s));
+        let Some((b, w)) = winner else { continue };
+        let report = &mut reports[i];
+        report.remeasured_ms = Some(w.timing.median_s * 1e3);
+        report.allocation_spread = w.allocation_spread;
+        report.finalists = bests.len();
+        // Which of the search's timings the winner had: 1 is the search's own best.
+        report.winner_search_rank = bests.iter().position(|x| x.trace == b.trace).map(|p| p + 1);
+        report.mapping = b.mapping.clone();
+        report.trace = Some(b.trace.clone());
     }
     Ok(())
 }
@@ -735,7 +803,12 @@ pub(crate) fn shipped_model(progress: &mut dyn Progress) -> Option<(String, tess
 /// schedule measured again later in the log) are left out: one record per schedule, the
 /// latest.
 pub fn read_log_noting(path: &Path, progress: &mut dyn Progress) -> Result<LogContents> {
-    let contents = read_log(path)?.latest();
+    Ok(read_log_noting_raw(path, progress)?.latest())
+}
+
+/// [`read_log_noting`] with every record, superseded ones included.
+pub(crate) fn read_log_noting_raw(path: &Path, progress: &mut dyn Progress) -> Result<LogContents> {
+    let contents = read_log(path)?;
     for c in &contents.corrupt {
         progress.note(&format!(
             "warning: {}:{}: skipped a corrupt record ({})",
@@ -870,6 +943,8 @@ mod tests {
                 trace: None,
                 remeasured_ms: None,
                 allocation_spread: None,
+                finalists: 0,
+                winner_search_rank: None,
             }],
         }
     }

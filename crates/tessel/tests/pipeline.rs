@@ -486,15 +486,27 @@ fn tune_logs_every_trial_and_its_best_becomes_c() {
     let task = &report.tasks[0];
     assert!(task.gflops.is_some_and(|g| g > 0.0), "{report:?}");
     assert!(task.percent_of_peak.is_some_and(|p| p > 0.0 && p < 150.0));
-    // The best was re-measured on fresh allocations of its buffers.
+    // The finalists were timed again on fresh allocations of their buffers, the fastest
+    // of them reported, and each new timing appended to the log as a `remeasure` record.
     assert!(task.remeasured_ms.is_some_and(|ms| ms > 0.0), "{task:?}");
     assert!(task.allocation_spread.is_some_and(|s| s >= 0.0));
+    assert!(task.finalists >= 1 && task.winner_search_rank.is_some());
+    let remeasured = |path: &std::path::Path| {
+        tessel::search::read_log(path)
+            .unwrap()
+            .records
+            .iter()
+            .filter(|r| r.sampler.as_deref() == Some(tessel::search::REMEASURE_SAMPLER))
+            .count()
+    };
     let lines = std::fs::read_to_string(&log).unwrap().lines().count();
-    assert_eq!(lines, 8);
+    assert_eq!(lines, 8 + task.finalists);
+    assert_eq!(remeasured(&log), task.finalists);
 
     // Resuming from the log measures nothing new.
     let again = tessel::tune(&opts, &mut NoProgress).unwrap();
     assert_eq!((again.measured_this_run, again.resumed_from_log), (0, 8));
+    let resumed_remeasured_ms = again.tasks[0].remeasured_ms;
 
     // Without the pipeline (each batch proposed after the last one's results), the same
     // count, in a log of its own. (With two cores, the run above was pipelined.)
@@ -510,7 +522,7 @@ fn tune_logs_every_trial_and_its_best_becomes_c() {
         .unwrap()
         .lines()
         .count();
-    assert_eq!(lines, 8);
+    assert_eq!(lines, 8 + report.tasks[0].finalists);
 
     // Timed with the weights packed beforehand: another latency, so a copy of the log has
     // nothing to resume; the new records say how they were timed.
@@ -521,15 +533,30 @@ fn tune_logs_every_trial_and_its_best_becomes_c() {
         log: Some(mixed.clone()),
         ..opts.clone()
     };
+    let before = tessel::search::read_log(&mixed).unwrap().records.len();
     let report = tessel::tune(&prepacked, &mut NoProgress).unwrap();
     assert_eq!((report.measured_this_run, report.resumed_from_log), (8, 0));
     let records = tessel::search::read_log(&mixed).unwrap().records;
-    assert_eq!(records.len(), 16);
-    assert_eq!(records.iter().filter(|r| r.prepacked_weights).count(), 8);
+    let finalists = report.tasks[0].finalists;
+    assert_eq!(records.len(), before + 8 + finalists);
+    assert_eq!(
+        records.iter().filter(|r| r.prepacked_weights).count(),
+        8 + finalists
+    );
 
+    // The log's best is a re-measurement, the latest of its schedule (the resumed run
+    // above timed its finalists again too): no slower than that run's reported best.
     let best = tessel::best(&log, &mut NoProgress).unwrap();
     assert_eq!(best.len(), 1);
-    assert_eq!(best[0].latency().map(|l| l * 1e3), task.latency_ms);
+    assert_eq!(
+        best[0].sampler.as_deref(),
+        Some(tessel::search::REMEASURE_SAMPLER)
+    );
+    let best_ms = best[0].latency().map(|l| l * 1e3).unwrap();
+    assert!(
+        resumed_remeasured_ms.is_some_and(|ms| best_ms <= ms),
+        "{best_ms}"
+    );
     let c = tessel::emit(&best[0], Emit::C).unwrap();
     assert!(c.contains("void kernel(void *const *args)"), "{c}");
     // The trace it emits is one that replays.
