@@ -165,7 +165,7 @@ def tessel_peer(spec, trials, isa, work, prepacked=False):
             "ms": task.get("remeasured_ms") or task["latency_ms"],
             "db_ms": task["latency_ms"], "trials": trials, "wall_s": wall,
             "spread": task.get("allocation_spread"), "curve": curve,
-            "note": (task.get("mapping") or "vectorized loops").split(";")[0]}
+            "note": (task.get("remeasured_mapping") or task.get("mapping") or "vectorized loops").split(";")[0]}
 
 
 def main():

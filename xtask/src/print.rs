@@ -103,7 +103,9 @@ pub fn tune(r: &TuneReport, opts: &TuneOptions) {
                 Some(1) | None => "the search's best".to_string(),
                 Some(r) => format!(
                     "the search's #{r} ({})",
-                    t.mapping.as_deref().unwrap_or("vectorized loops")
+                    t.remeasured_mapping
+                        .as_deref()
+                        .unwrap_or("vectorized loops")
                 ),
             };
             println!(

@@ -180,7 +180,8 @@ pub struct TaskReport {
     pub percent_of_peak: Option<f64>,
     /// The best candidate's mapping (`None`: the vectorized-loop fallback).
     pub mapping: Option<String>,
-    /// The best candidate's trace (JSON).
+    /// The chosen candidate's trace: the fastest finalist when the finalists were timed
+    /// again (`remeasured_ms`), else the search's best.
     #[serde(skip)]
     pub trace: Option<tessel_ir::Trace>,
     /// The fastest finalist re-measured after the search on [`REMEASURE_ALLOCATIONS`] fresh
@@ -193,8 +194,10 @@ pub struct TaskReport {
     /// fastest of them is the reported best (`mapping`, `trace`, `remeasured_ms`).
     pub finalists: usize,
     /// Where that winner stood among the finalists by the search's own timings (1: the
-    /// search's best).
+    /// search's best, whose figures `latency_ms`, `gflops` and `mapping` are).
     pub winner_search_rank: Option<usize>,
+    /// The winner's mapping.
+    pub remeasured_mapping: Option<String>,
 }
 
 /// Allocations of fresh buffers the final best of each task is re-measured on.
@@ -536,6 +539,7 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
             allocation_spread: None,
             finalists: 0,
             winner_search_rank: None,
+            remeasured_mapping: None,
         })
         .collect();
     if opts.target == TargetSpec::Cpu && !opts.no_remeasure {
@@ -679,7 +683,7 @@ fn remeasure(
         report.finalists = bests.len();
         // Which of the search's timings the winner had: 1 is the search's own best.
         report.winner_search_rank = bests.iter().position(|x| x.trace == b.trace).map(|p| p + 1);
-        report.mapping = b.mapping.clone();
+        report.remeasured_mapping = b.mapping.clone();
         report.trace = Some(b.trace.clone());
     }
     Ok(())
@@ -945,6 +949,7 @@ mod tests {
                 allocation_spread: None,
                 finalists: 0,
                 winner_search_rank: None,
+                remeasured_mapping: None,
             }],
         }
     }
