@@ -109,8 +109,9 @@ pub fn tune(r: &TuneReport, opts: &TuneOptions) {
                 ),
             };
             println!(
-                "re-measured {} finalist(s) on {} fresh allocations each; the fastest, {which}: {ms:.4} ms{spread}  ({})",
+                "re-measured {} finalist(s) in {} fresh processes, {} allocations each; the fastest, {which}: {ms:.4} ms{spread}  ({})",
                 t.finalists,
+                tessel::REMEASURE_PROCESSES,
                 tessel::REMEASURE_ALLOCATIONS,
                 t.workload
             );

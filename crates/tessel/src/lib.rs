@@ -85,8 +85,8 @@ pub use simcheck::{SimCheckReport, sim_check};
 pub use target::{Peaks, Target, TargetOptions, TargetSpec, cpu_measurer, instruction_of};
 pub use threads::{THREADS_ENV, fit_threads_to_affinity, threads_for_affinity};
 pub use tune::{
-    Emit, ModelChoice, REMEASURE_ALLOCATIONS, TaskReport, TuneOptions, TuneReport, best,
-    cpu_instructions, emit, fixtures_dir, read_log_noting, tune,
+    Emit, ModelChoice, REMEASURE_ALLOCATIONS, REMEASURE_PROCESSES, TaskReport, TuneOptions,
+    TuneReport, best, cpu_instructions, emit, fixtures_dir, read_log_noting, tune,
 };
 pub use worker::{WORKER_ENV, serve_if_worker, worker_command};
 

@@ -9,7 +9,7 @@ use std::time::Instant;
 use serde::Serialize;
 use tessel_intrin::Catalog;
 use tessel_ir::{DType, Workload};
-use tessel_measure::{Candidate, CostModel, Measurer};
+use tessel_measure::{Candidate, CostModel, MeasureResult, Measurer};
 use tessel_search::records::LogContents;
 use tessel_search::{
     InstructionSet, RandomModel, RecordLog, SearchOptions, Task, Tuner, TuningRecord, read_log,
@@ -184,14 +184,17 @@ pub struct TaskReport {
     /// again (`remeasured_ms`), else the search's best.
     #[serde(skip)]
     pub trace: Option<tessel_ir::Trace>,
-    /// The fastest finalist re-measured after the search on [`REMEASURE_ALLOCATIONS`] fresh
-    /// allocations of its buffers (CPU targets): median latency over all of them, ms.
+    /// The fastest finalist timed again after the search in [`REMEASURE_PROCESSES`] fresh
+    /// worker processes on [`REMEASURE_ALLOCATIONS`] fresh allocations of its buffers each
+    /// (CPU targets): the median of the processes' medians, ms.
     pub remeasured_ms: Option<f64>,
-    /// (slowest - fastest) / fastest of the allocations' medians in that re-measurement: a
-    /// kernel whose speed depends on where its pages land shows it here.
+    /// The widest (slowest - fastest) / fastest in that re-measurement, across the
+    /// processes' medians or across one process's allocations: a kernel whose speed depends
+    /// on where its pages land shows it here.
     pub allocation_spread: Option<f64>,
     /// How many finalists were timed again ([`tessel_search::Task::finalists`]); the
-    /// fastest of them is the reported best (`mapping`, `trace`, `remeasured_ms`).
+    /// fastest of them is the reported best (`trace`, `remeasured_ms`,
+    /// `remeasured_mapping`).
     pub finalists: usize,
     /// Where that winner stood among the finalists by the search's own timings (1: the
     /// search's best, whose figures `latency_ms`, `gflops` and `mapping` are).
@@ -200,8 +203,10 @@ pub struct TaskReport {
     pub remeasured_mapping: Option<String>,
 }
 
-/// Allocations of fresh buffers the final best of each task is re-measured on.
-pub const REMEASURE_ALLOCATIONS: u32 = 5;
+/// Fresh worker processes the finalists of each task are timed again in, ...
+pub const REMEASURE_PROCESSES: usize = 3;
+/// ... on this many fresh allocations of their buffers in each.
+pub const REMEASURE_ALLOCATIONS: u32 = 2;
 
 /// What `tune` found.
 #[derive(Clone, Debug, Serialize)]
@@ -629,21 +634,33 @@ fn remeasure(
     if finalists.is_empty() {
         return Ok(());
     }
-    let worker = crate::worker::worker_command("cpu", opts.worker_exe.as_deref())?;
-    let mut m = tessel_cpu::CpuMeasurer::new(
-        worker,
-        tessel_cpu::CpuOptions {
-            threads: opts.threads,
-            timing: tessel_cpu::TimingOptions {
-                allocations: REMEASURE_ALLOCATIONS,
+    // Each round in a fresh worker process: a kernel's static buffers (packed operands)
+    // land on other pages only in another process, and some kernels run 20% slower in one
+    // process of five for it.
+    let mut rounds: Vec<Vec<Vec<MeasureResult>>> = Vec::new();
+    let mut fp = None;
+    for _ in 0..REMEASURE_PROCESSES {
+        let worker = crate::worker::worker_command("cpu", opts.worker_exe.as_deref())?;
+        let mut m = tessel_cpu::CpuMeasurer::new(
+            worker,
+            tessel_cpu::CpuOptions {
+                threads: opts.threads,
+                timing: tessel_cpu::TimingOptions {
+                    allocations: REMEASURE_ALLOCATIONS,
+                    ..Default::default()
+                },
                 ..Default::default()
             },
-            ..Default::default()
-        },
-    )?;
-    let fp = m.fingerprint().clone();
-    for (i, cands, bests) in finalists {
-        let results = m.measure(&cands);
+        )?;
+        fp.get_or_insert_with(|| m.fingerprint().clone());
+        rounds.push(finalists.iter().map(|(_, c, _)| m.measure(c)).collect());
+    }
+    let fp = fp.expect("at least one round");
+    for (f, (i, _, bests)) in finalists.into_iter().enumerate() {
+        let flops = tasks[i].workload.flops() as f64;
+        let results: Vec<MeasureResult> = (0..bests.len())
+            .map(|j| pool_rounds(rounds.iter().map(|r| &r[f][j]), flops))
+            .collect();
         let task = &tasks[i];
         let records: Vec<TuningRecord> = bests
             .iter()
@@ -687,6 +704,43 @@ fn remeasure(
         report.trace = Some(b.trace.clone());
     }
     Ok(())
+}
+
+/// One finalist's timings from every round, pooled: the median of the rounds' medians
+/// (robust to one unlucky process), the fastest run of all, and as spread the widest of each
+/// round's spread across allocations and the spread of the rounds' medians. A failure in
+/// any round is the finalist's result.
+fn pool_rounds<'a>(rounds: impl Iterator<Item = &'a MeasureResult>, flops: f64) -> MeasureResult {
+    let mut ms: Vec<tessel_measure::Measurement> = Vec::new();
+    for r in rounds {
+        ms.push(r.clone()?);
+    }
+    let mut medians: Vec<f64> = ms.iter().map(|m| m.timing.median_s).collect();
+    medians.sort_by(f64::total_cmp);
+    let (Some(&fastest), Some(&slowest)) = (medians.first(), medians.last()) else {
+        return Err(tessel_measure::MeasureError::new(
+            tessel_measure::MeasureErrorKind::Runtime,
+            "no round timed this finalist",
+        ));
+    };
+    let median = medians[(medians.len() - 1) / 2];
+    let mut pooled = ms[0].clone();
+    pooled.timing.median_s = median;
+    pooled.timing.min_s = ms
+        .iter()
+        .map(|m| m.timing.min_s)
+        .fold(f64::INFINITY, f64::min)
+        .min(median);
+    pooled.timing.runs = ms.iter().map(|m| m.timing.runs).sum();
+    pooled.timing.spread = ms.iter().map(|m| m.timing.spread).fold(0.0, f64::max);
+    pooled.gflops = flops / median / 1e9;
+    let across = (slowest - fastest) / fastest;
+    pooled.allocation_spread = Some(
+        ms.iter()
+            .filter_map(|m| m.allocation_spread)
+            .fold(across, f64::max),
+    );
+    Ok(pooled)
 }
 
 /// The largest population `tune` accepts: every sketch of a generation is lowered and
@@ -888,6 +942,52 @@ pub fn emit(record: &TuningRecord, what: Emit) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_finalist_pooled_over_processes_is_their_median_and_its_widest_spread() {
+        let timed = |median_s: f64, min_s: f64, spread: Option<f64>| -> MeasureResult {
+            Ok(tessel_measure::Measurement {
+                timing: tessel_measure::Timing {
+                    min_s,
+                    median_s,
+                    spread: 0.01,
+                    runs: 4,
+                },
+                compile_time_s: 0.1,
+                max_error: 0.0,
+                emulated: false,
+                gflops: 1.0,
+                cut_short: false,
+                censored: false,
+                allocation_spread: spread,
+                kernel: None,
+            })
+        };
+        let flops = 2e9;
+        // One process in three 20% slow: the median ignores it, the spread shows it.
+        let rounds = [
+            timed(20e-3, 19.8e-3, Some(0.01)),
+            timed(24e-3, 23.5e-3, Some(0.02)),
+            timed(20.2e-3, 19.9e-3, None),
+        ];
+        let m = pool_rounds(rounds.iter(), flops).unwrap();
+        assert_eq!(m.timing.median_s, 20.2e-3);
+        assert_eq!(m.timing.min_s, 19.8e-3);
+        assert_eq!(m.timing.runs, 12);
+        assert!((m.gflops - flops / 20.2e-3 / 1e9).abs() < 1e-9);
+        assert!((m.allocation_spread.unwrap() - 0.2).abs() < 1e-9);
+        // Two rounds: the faster median (a slow process is the exception, not the rule).
+        let m = pool_rounds(rounds[..2].iter(), flops).unwrap();
+        assert_eq!(m.timing.median_s, 20e-3);
+        // A round that failed fails the finalist.
+        let failed: MeasureResult = Err(tessel_measure::MeasureError::new(
+            tessel_measure::MeasureErrorKind::Crash,
+            "SIGSEGV",
+        ));
+        let with_failure = [rounds[0].clone(), failed];
+        assert!(pool_rounds(with_failure.iter(), flops).is_err());
+        assert!(pool_rounds([].iter(), flops).is_err());
+    }
 
     #[test]
     fn a_model_is_familiar_with_the_instructions_its_provenance_lists() {
