@@ -7,7 +7,7 @@
 
 Per workload (f32 gemm, dense, NHWC conv2d): OpenBLAS through numpy (gemm, dense), oneDNN's
 matmul or convolution (weights pre-packed), TVM MetaSchedule (tuned, then re-measured) and
-tessel (`xtask tune`, its best re-measured on fresh allocations). Everything runs on one
+tessel (`xtask tune`, its finalists timed again in fresh processes). Everything runs on one
 thread. `--isa avx2` measures an AVX2 machine on a newer one: tessel builds for znver3 and
 searches the avx2 instructions only, oneDNN is capped at AVX2 (ONEDNN_MAX_CPU_ISA), TVM
 targets znver3, and numpy's OpenBLAS is pinned to its Haswell kernels (OPENBLAS_CORETYPE).
