@@ -25,6 +25,27 @@ pub struct Peaks {
     pub skipped: Vec<(String, String)>,
 }
 
+/// The body of an AMX peak kernel running `_tile_<ins>` four times an iteration.
+macro_rules! amx_body {
+    ($ins:literal) => {
+        concat!(
+            "static char zero[1024] __attribute__((aligned(64)));
+             TSL_AMX_INIT();
+             _tile_loadd(4, zero, 64); _tile_loadd(5, zero, 64);
+             for (long it = 0; it < iters; it++) { _tile_",
+            $ins,
+            "(0, 4, 5); _tile_",
+            $ins,
+            "(1, 4, 5); _tile_",
+            $ins,
+            "(2, 4, 5); _tile_",
+            $ins,
+            "(3, 4, 5); }
+             _tile_stored(0, zero, 64); _tile_release(); sink += zero[0];"
+        )
+    };
+}
+
 /// The C body of one peak kernel: `iters` rounds of independent instructions; returns the
 /// operations done (per thread).
 fn body(id: &str) -> Option<(&'static str, &'static str, usize)> {
@@ -95,34 +116,11 @@ fn body(id: &str) -> Option<(&'static str, &'static str, usize)> {
             "16 * 16 * 2 * 2",
             16,
         ),
-        "amx.tdpbf16ps" => (
-            "static char zero[1024] __attribute__((aligned(64)));
-             TSL_AMX_INIT();
-             _tile_loadd(4, zero, 64); _tile_loadd(5, zero, 64);
-             for (long it = 0; it < iters; it++) { _tile_dpbf16ps(0, 4, 5); _tile_dpbf16ps(1, 4, 5); _tile_dpbf16ps(2, 4, 5); _tile_dpbf16ps(3, 4, 5); }
-             _tile_stored(0, zero, 64); _tile_release(); sink += zero[0];",
-            "4 * 16 * 16 * 32 * 2",
-            4,
-        ),
-        "amx.tdpbusd" => (
-            "static char zero[1024] __attribute__((aligned(64)));
-             TSL_AMX_INIT();
-             _tile_loadd(4, zero, 64); _tile_loadd(5, zero, 64);
-             for (long it = 0; it < iters; it++) { _tile_dpbusd(0, 4, 5); _tile_dpbusd(1, 4, 5); _tile_dpbusd(2, 4, 5); _tile_dpbusd(3, 4, 5); }
-             _tile_stored(0, zero, 64); _tile_release(); sink += zero[0];",
-            "4 * 16 * 16 * 64 * 2",
-            4,
-        ),
-        // Its own instruction (it measured tdpbusd's loop until the assembly test below).
-        "amx.tdpbssd" => (
-            "static char zero[1024] __attribute__((aligned(64)));
-             TSL_AMX_INIT();
-             _tile_loadd(4, zero, 64); _tile_loadd(5, zero, 64);
-             for (long it = 0; it < iters; it++) { _tile_dpbssd(0, 4, 5); _tile_dpbssd(1, 4, 5); _tile_dpbssd(2, 4, 5); _tile_dpbssd(3, 4, 5); }
-             _tile_stored(0, zero, 64); _tile_release(); sink += zero[0];",
-            "4 * 16 * 16 * 64 * 2",
-            4,
-        ),
+        // Four independent tile dot products an iteration, on tiles loaded once. tdpbssd runs
+        // its own instruction (it ran tdpbusd's loop until the assembly test below).
+        "amx.tdpbf16ps" => (amx_body!("dpbf16ps"), "4 * 16 * 16 * 32 * 2", 4),
+        "amx.tdpbusd" => (amx_body!("dpbusd"), "4 * 16 * 16 * 64 * 2", 4),
+        "amx.tdpbssd" => (amx_body!("dpbssd"), "4 * 16 * 16 * 64 * 2", 4),
         _ => return None,
     })
 }

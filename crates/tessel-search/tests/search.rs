@@ -451,6 +451,17 @@ proptest! {
     }
 }
 
+/// The fake measurer and the tasks after a 40-trial run with seed 3.
+fn tuned_with_seed_3() -> (FakeMeasurer, Vec<Task>) {
+    let mut m = FakeMeasurer::new();
+    let mut model = RandomModel::new(3);
+    let mut ts = tasks();
+    Tuner::new(&mut m, &mut model, None, "fake", opts(3))
+        .tune(&mut ts, 40, &mut |_| {})
+        .unwrap();
+    (m, ts)
+}
+
 fn tasks() -> Vec<Task> {
     let set = InstructionSet::Only(vec!["avx2.vfmadd231ps".into(), "avx512.vfmadd231ps".into()]);
     vec![
@@ -496,12 +507,7 @@ fn the_same_seed_gives_the_same_run() {
 
 #[test]
 fn the_finalists_are_the_fastest_by_median_and_by_fastest_run_and_every_seed() {
-    let mut m = FakeMeasurer::new();
-    let mut model = RandomModel::new(3);
-    let mut ts = tasks();
-    Tuner::new(&mut m, &mut model, None, "fake", opts(3))
-        .tune(&mut ts, 40, &mut |_| {})
-        .unwrap();
+    let (m, ts) = tuned_with_seed_3();
     for t in &ts {
         let finalists = t.finalists();
         let best = t.best.as_ref().unwrap();
@@ -577,12 +583,7 @@ fn a_pipelined_run_prefetches_each_batch_before_measuring_it_and_nothing_twice()
 
 #[test]
 fn candidates_after_a_tasks_first_best_carry_a_cut_short_budget() {
-    let mut m = FakeMeasurer::new();
-    let mut model = RandomModel::new(3);
-    let mut ts = tasks();
-    Tuner::new(&mut m, &mut model, None, "fake", opts(3))
-        .tune(&mut ts, 40, &mut |_| {})
-        .unwrap();
+    let (m, _) = tuned_with_seed_3();
     // The first batch of the run had no best to compare with.
     assert!(
         m.budgets[..8].iter().all(Option::is_none),
