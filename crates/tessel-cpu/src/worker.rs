@@ -365,7 +365,8 @@ fn time(
     }
 }
 
-/// The most input memory the timed allocations of one kernel keep alive at once.
+/// The most memory (inputs and output) the timed allocations of one kernel keep alive at
+/// once.
 const HELD_ALLOCATION_BYTES: usize = 1 << 30;
 
 /// The packed weights, if any, as the input slot they take and their buffer.

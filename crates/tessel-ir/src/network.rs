@@ -952,26 +952,15 @@ mod tests {
         for (s, m) in small.iter().zip(&medium) {
             assert_eq!((&s.workload, 2 * s.weight), (&m.workload, m.weight));
         }
+        let has_task = |name: &str, prefix: &str| {
+            tasks(name)
+                .iter()
+                .any(|t| t.workload.to_string().starts_with(prefix))
+        };
         // The sequence length is the dense layers' m.
-        let specs: Vec<String> = tasks("bert-base-256")
-            .iter()
-            .map(|t| t.workload.to_string())
-            .collect();
-        assert!(
-            specs
-                .iter()
-                .any(|t| t.starts_with("dense:m=256,n=3072,k=768"))
-        );
+        assert!(has_task("bert-base-256", "dense:m=256,n=3072,k=768"));
         // The names that were fixed before build as they did.
-        let base128: Vec<String> = tasks("bert-base-128")
-            .iter()
-            .map(|t| t.workload.to_string())
-            .collect();
-        assert!(
-            base128
-                .iter()
-                .any(|t| t.starts_with("dense:m=128,n=3072,k=768"))
-        );
+        assert!(has_task("bert-base-128", "dense:m=128,n=3072,k=768"));
         refused_by_name(
             &[
                 "bert-base-100",

@@ -160,7 +160,7 @@ impl Task {
         let key = trace.to_json();
         let seed = self.seed_keys.contains(&key);
         self.pending.remove(&key);
-        self.measured.insert(key);
+        self.measured.insert(key.clone());
         let Ok(m) = r else { return };
         let lat = m.timing.median_s;
         if let Some(s) = sketch {
@@ -177,7 +177,7 @@ impl Task {
         // A timing cut short is one run, enough to rank a slow schedule but not a finalist.
         if !m.cut_short {
             self.contenders.push(Contender {
-                median_s: lat,
+                key,
                 min_s: m.timing.min_s,
                 seed,
                 best: this.clone(),
@@ -201,10 +201,11 @@ impl Task {
     }
 }
 
-/// A measured candidate that may be a finalist.
+/// A measured candidate that may be a finalist: its trace key, its fastest run, whether it
+/// is a seed, and its search timing (`best.latency_s`, the median).
 #[derive(Clone, Debug)]
 struct Contender {
-    median_s: f64,
+    key: String,
     min_s: f64,
     seed: bool,
     best: Best,
@@ -217,20 +218,20 @@ pub const FINALISTS_BY_EACH: usize = 3;
 /// Keeps the seeds and the [`FINALISTS_BY_EACH`] fastest by median and by fastest run,
 /// fastest by median first.
 fn prune_contenders(c: &mut Vec<Contender>) {
-    let top = |c: &[Contender], key: fn(&Contender) -> f64| -> Vec<String> {
+    let top = |c: &[Contender], by: fn(&Contender) -> f64| -> Vec<String> {
         let mut v: Vec<&Contender> = c.iter().collect();
-        v.sort_by(|a, b| key(a).total_cmp(&key(b)));
+        v.sort_by(|a, b| by(a).total_cmp(&by(b)));
         v.iter()
             .take(FINALISTS_BY_EACH)
-            .map(|x| x.best.trace.to_json())
+            .map(|x| x.key.clone())
             .collect()
     };
-    let keep: HashSet<String> = top(c, |x| x.median_s)
+    let keep: HashSet<String> = top(c, |x| x.best.latency_s)
         .into_iter()
         .chain(top(c, |x| x.min_s))
         .collect();
-    c.retain(|x| x.seed || keep.contains(&x.best.trace.to_json()));
-    c.sort_by(|a, b| a.median_s.total_cmp(&b.median_s));
+    c.retain(|x| x.seed || keep.contains(&x.key));
+    c.sort_by(|a, b| a.best.latency_s.total_cmp(&b.best.latency_s));
 }
 
 /// How many times slower than the task's best a checked run may be before it is the only

@@ -598,11 +598,12 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
 }
 
 /// Times each task's finalists ([`Task::finalists`]: the fastest few by median and by
-/// fastest run, and the space's seeds) again on fresh allocations of their buffers, in a
-/// measurer of its own, and makes the fastest of them the task's reported best: the search
-/// timed each candidate once, on one allocation, and keeps its luckiest timing. The new
-/// timings are appended to the log as `remeasure` records, which [`tessel_search::RecordLog`]
-/// readers then prefer (`best`, `export`).
+/// fastest run, and the space's seeds) again in [`REMEASURE_PROCESSES`] fresh worker
+/// processes on [`REMEASURE_ALLOCATIONS`] fresh allocations of their buffers each, pools
+/// each finalist's processes ([`pool_rounds`]) and makes the fastest the task's reported
+/// best: the search timed each candidate once, on one allocation, and keeps its luckiest
+/// timing. The new timings are appended to the log as `remeasure` records, which
+/// [`tessel_search::RecordLog`] readers then prefer (`best`, `export`).
 fn remeasure(
     tasks: &[Task],
     opts: &TuneOptions,
@@ -657,11 +658,11 @@ fn remeasure(
     }
     let fp = fp.expect("at least one round");
     for (f, (i, _, bests)) in finalists.into_iter().enumerate() {
-        let flops = tasks[i].workload.flops() as f64;
+        let task = &tasks[i];
+        let flops = task.workload.flops() as f64;
         let results: Vec<MeasureResult> = (0..bests.len())
             .map(|j| pool_rounds(rounds.iter().map(|r| &r[f][j]), flops))
             .collect();
-        let task = &tasks[i];
         let records: Vec<TuningRecord> = bests
             .iter()
             .zip(&results)
@@ -945,25 +946,17 @@ mod tests {
 
     #[test]
     fn a_finalist_pooled_over_processes_is_their_median_and_its_widest_spread() {
-        let timed = |median_s: f64, min_s: f64, spread: Option<f64>| -> MeasureResult {
-            Ok(tessel_measure::Measurement {
-                timing: tessel_measure::Timing {
-                    min_s,
-                    median_s,
-                    spread: 0.01,
-                    runs: 4,
-                },
-                compile_time_s: 0.1,
-                max_error: 0.0,
-                emulated: false,
-                gflops: 1.0,
-                cut_short: false,
-                censored: false,
-                allocation_spread: spread,
-                kernel: None,
-            })
-        };
         let flops = 2e9;
+        // Four runs: the fastest, the median twice, one slower.
+        let timed = |median_s: f64, min_s: f64, spread: Option<f64>| -> MeasureResult {
+            let samples = [min_s, median_s, median_s, median_s * 1.01];
+            tessel_measure::Measurement::from_samples(&samples, flops as u64, 0.1, 0.0, false).map(
+                |m| tessel_measure::Measurement {
+                    allocation_spread: spread,
+                    ..m
+                },
+            )
+        };
         // One process in three 20% slow: the median ignores it, the spread shows it.
         let rounds = [
             timed(20e-3, 19.8e-3, Some(0.01)),
