@@ -31,7 +31,7 @@ use flate2::write::GzEncoder;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::gbt::{Gbt, TreeRecipe};
+use crate::gbt::{Gbt, TreeObjective, TreeRecipe};
 use crate::metrics;
 use crate::rows::RowKind;
 use crate::train::{TREE_ROWS, by_task, log_labels, tree_rows, tree_weights};
@@ -154,7 +154,16 @@ impl Companions {
             )));
         }
         let (rows, labels) = (tree_rows(data, TREE_ROWS), log_labels(data));
-        let trees = Gbt::fit_with(&rows, &labels, Some(&tree_weights(data)), seed, recipe)?;
+        let trees = match recipe.objective {
+            TreeObjective::Regression => {
+                Gbt::fit_with(&rows, &labels, Some(&tree_weights(data)), seed, recipe)?
+            }
+            TreeObjective::Lambdarank => {
+                let relevance: Vec<f64> = (0..data.samples.len()).map(|i| data.label(i)).collect();
+                let groups: Vec<usize> = data.samples.iter().map(|s| s.task).collect();
+                Gbt::fit_ranked(&rows, &relevance, &groups, seed, recipe)?
+            }
+        };
         let tree_scores = trees.predict(&rows);
         // A program the network could not score (`f32::MIN`) says nothing about its spread.
         let model_scores: Vec<f64> = model_scores

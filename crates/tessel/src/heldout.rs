@@ -60,9 +60,10 @@ pub struct HeldOutOptions {
     /// Leave out the primitive-sequence ablation (a second model to train).
     #[cfg_attr(feature = "clap", arg(long))]
     pub no_ablation: bool,
-    /// How the ensemble's trees are grown (`rounds=,depth=,rate=,subsample=,colsample=,bags=`;
-    /// as `pretrain --trees`). The trees baseline keeps the default recipe.
-    #[cfg_attr(feature = "clap", arg(long, default_value_t = TreeRecipe::default()))]
+    /// How the ensemble's trees are grown
+    /// (`rounds=,depth=,rate=,subsample=,colsample=,bags=,objective=`; as `pretrain --trees`).
+    /// The trees baseline keeps the default recipe (TenSet's: regression).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = TreeRecipe::ensemble()))]
     pub trees: TreeRecipe,
 }
 
@@ -78,7 +79,7 @@ impl HeldOutOptions {
             architecture: Architecture::default(),
             seed: 1,
             no_ablation: false,
-            trees: TreeRecipe::default(),
+            trees: TreeRecipe::ensemble(),
         }
     }
 }

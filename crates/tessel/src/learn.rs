@@ -73,10 +73,12 @@ pub struct PretrainOptions {
     /// (`NAME.ensemble.json.gz`; `tune` and `eval` use them).
     #[cfg_attr(feature = "clap", arg(long))]
     pub no_ensemble: bool,
-    /// How the ensemble's trees are grown: `rounds=,depth=,rate=,subsample=,colsample=,bags=`
-    /// (keys left out keep the default; `bags` > 1 averages boosters grown on their own
-    /// samples, which needs `subsample` < 1 to differ).
-    #[cfg_attr(feature = "clap", arg(long, default_value_t = TreeRecipe::default()))]
+    /// How the ensemble's trees are grown:
+    /// `rounds=,depth=,rate=,subsample=,colsample=,bags=,objective=` (keys left out keep the
+    /// default; `bags` > 1 averages boosters grown on their own samples, which needs
+    /// `subsample` < 1 to differ; `objective=lambdarank` grows LambdaMART trees that learn
+    /// the order within each task, `regression` fits log relative throughput).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = TreeRecipe::ensemble()))]
     pub trees: TreeRecipe,
     /// The validation tasks, one task key per line (e.g. those of the model this one may
     /// replace, so both are judged on tasks neither trained on); default: a share
@@ -144,7 +146,7 @@ impl PretrainOptions {
             force: false,
             fastest_run: false,
             no_ensemble: false,
-            trees: TreeRecipe::default(),
+            trees: TreeRecipe::ensemble(),
             validation_tasks: None,
         }
     }

@@ -60,10 +60,12 @@ pub struct RefitOptions {
     /// Replace the trees even when the validation says the old ones rank better.
     #[cfg_attr(feature = "clap", arg(long))]
     pub force: bool,
-    /// How the ensemble's trees are grown: `rounds=,depth=,rate=,subsample=,colsample=,bags=`
-    /// (keys left out keep the default; `bags` > 1 averages boosters grown on their own
-    /// samples, which needs `subsample` < 1 to differ).
-    #[cfg_attr(feature = "clap", arg(long, default_value_t = TreeRecipe::default()))]
+    /// How the ensemble's trees are grown:
+    /// `rounds=,depth=,rate=,subsample=,colsample=,bags=,objective=` (keys left out keep the
+    /// default; `bags` > 1 averages boosters grown on their own samples, which needs
+    /// `subsample` < 1 to differ; `objective=lambdarank` grows LambdaMART trees that learn
+    /// the order within each task, `regression` fits log relative throughput).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = TreeRecipe::ensemble()))]
     pub trees: TreeRecipe,
     /// The validation tasks, one task key per line; default: those the model lists (its
     /// `pretrain` held them out), else a share chosen by the tasks' keys.
