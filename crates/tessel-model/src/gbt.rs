@@ -221,13 +221,10 @@ impl Gbt {
         seed: u64,
         recipe: &TreeRecipe,
     ) -> Result<Gbt, ModelError> {
-        recipe
-            .check()
-            .map_err(|e| ModelError::Data(format!("tree recipe: {e}")))?;
-        let columns = x.first().map_or(0, Vec::len);
-        if x.is_empty() || columns == 0 || x.len() != y.len() {
+        let columns = checked_columns(x, recipe)?;
+        if x.len() != y.len() {
             return Err(ModelError::Data(format!(
-                "gradient-boosted trees need rows of features and one target per row ({} rows, {} targets)",
+                "gradient-boosted trees need one target per row ({} rows, {} targets)",
                 x.len(),
                 y.len()
             )));
@@ -239,9 +236,6 @@ impl Gbt {
                 "tree weights must be one finite non-negative number per row".into(),
             ));
         }
-        if x.iter().any(|r| r.len() != columns) {
-            return Err(ModelError::Data("feature rows of different lengths".into()));
-        }
         if recipe.objective != TreeObjective::Regression {
             return Err(ModelError::Data(format!(
                 "objective={} trees learn an order within groups: fit them with Gbt::fit_ranked",
@@ -250,23 +244,11 @@ impl Gbt {
         }
         let data = column_major(x, columns);
         let matrix = Matrix::new(&data, x.len(), columns);
-        let sampled = recipe.subsample < 1.0;
         let mut boosters = Vec::with_capacity(recipe.bags);
         for bag in 0..recipe.bags as u64 {
-            let mut booster = GradientBooster::default()
-                .set_objective_type(ObjectiveType::SquaredLoss)
+            let mut booster = squared_loss_booster(recipe, seed.wrapping_add(bag))
                 .set_iterations(recipe.rounds)
-                .set_learning_rate(recipe.rate)
-                .set_max_depth(recipe.depth)
-                .set_initialize_base_score(true)
-                .set_subsample(recipe.subsample)
-                .set_colsample_bytree(recipe.colsample)
-                .set_sample_method(if sampled {
-                    SampleMethod::Random
-                } else {
-                    SampleMethod::None
-                })
-                .set_seed(seed.wrapping_add(bag));
+                .set_initialize_base_score(true);
             let fitted = match weights {
                 Some(w) => booster.fit(&matrix, y, w, None),
                 None => booster.fit_unweighted(&matrix, y, None),
@@ -290,13 +272,10 @@ impl Gbt {
         seed: u64,
         recipe: &TreeRecipe,
     ) -> Result<Gbt, ModelError> {
-        recipe
-            .check()
-            .map_err(|e| ModelError::Data(format!("tree recipe: {e}")))?;
-        let columns = x.first().map_or(0, Vec::len);
-        if x.is_empty() || columns == 0 || x.len() != relevance.len() || x.len() != groups.len() {
+        let columns = checked_columns(x, recipe)?;
+        if x.len() != relevance.len() || x.len() != groups.len() {
             return Err(ModelError::Data(format!(
-                "ranking trees need rows of features, one relevance and one group per row ({} rows, {} relevances, {} groups)",
+                "ranking trees need one relevance and one group per row ({} rows, {} relevances, {} groups)",
                 x.len(),
                 relevance.len(),
                 groups.len()
@@ -307,9 +286,6 @@ impl Gbt {
                 "relevances must be finite non-negative numbers".into(),
             ));
         }
-        if x.iter().any(|r| r.len() != columns) {
-            return Err(ModelError::Data("feature rows of different lengths".into()));
-        }
         let n = x.len();
         let mut members: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
         for (i, &g) in groups.iter().enumerate() {
@@ -318,7 +294,6 @@ impl Gbt {
         let members: Vec<Vec<usize>> = members.into_values().filter(|m| m.len() > 1).collect();
         let data = column_major(x, columns);
         let matrix = Matrix::new(&data, n, columns);
-        let sampled = recipe.subsample < 1.0;
         let mut boosters = Vec::with_capacity(recipe.bags);
         for bag in 0..recipe.bags as u64 {
             let mut scores = vec![0.0; n];
@@ -337,24 +312,13 @@ impl Gbt {
                     .map(|(g, h)| if *h > 0.0 { -g / h } else { 0.0 })
                     .collect();
                 let weight: Vec<f64> = hess.iter().map(|h| h / mean_hess).collect();
-                let mut tree = GradientBooster::default()
-                    .set_objective_type(ObjectiveType::SquaredLoss)
+                let round_seed = seed
+                    .wrapping_add(bag.wrapping_mul(recipe.rounds as u64))
+                    .wrapping_add(round);
+                let mut tree = squared_loss_booster(recipe, round_seed)
                     .set_iterations(1)
-                    .set_learning_rate(recipe.rate)
-                    .set_max_depth(recipe.depth)
                     .set_base_score(0.0)
-                    .set_initialize_base_score(false)
-                    .set_subsample(recipe.subsample)
-                    .set_colsample_bytree(recipe.colsample)
-                    .set_sample_method(if sampled {
-                        SampleMethod::Random
-                    } else {
-                        SampleMethod::None
-                    })
-                    .set_seed(
-                        seed.wrapping_add(bag.wrapping_mul(recipe.rounds as u64))
-                            .wrapping_add(round),
-                    );
+                    .set_initialize_base_score(false);
                 tree.fit(&matrix, &target, &weight, None)
                     .map_err(|e| ModelError::Data(format!("gradient-boosted trees: {e}")))?;
                 for (s, p) in scores.iter_mut().zip(tree.predict(&matrix, true)) {
@@ -520,6 +484,41 @@ fn check_booster(b: &GradientBooster, columns: usize) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A forust booster grown by `recipe`'s depth, rate and sampling, fitting squared error
+/// (the regression's loss, and the least-squares fit of each LambdaMART round).
+fn squared_loss_booster(recipe: &TreeRecipe, seed: u64) -> GradientBooster {
+    GradientBooster::default()
+        .set_objective_type(ObjectiveType::SquaredLoss)
+        .set_learning_rate(recipe.rate)
+        .set_max_depth(recipe.depth)
+        .set_subsample(recipe.subsample)
+        .set_colsample_bytree(recipe.colsample)
+        .set_sample_method(if recipe.subsample < 1.0 {
+            SampleMethod::Random
+        } else {
+            SampleMethod::None
+        })
+        .set_seed(seed)
+}
+
+/// The checks every fit makes: the recipe is in range, there are rows, and all have the
+/// first one's length; returns that length.
+fn checked_columns(x: &[Vec<f64>], recipe: &TreeRecipe) -> Result<usize, ModelError> {
+    recipe
+        .check()
+        .map_err(|e| ModelError::Data(format!("tree recipe: {e}")))?;
+    let columns = x.first().map_or(0, Vec::len);
+    if x.is_empty() || columns == 0 {
+        return Err(ModelError::Data(
+            "gradient-boosted trees need rows of features".into(),
+        ));
+    }
+    if x.iter().any(|r| r.len() != columns) {
+        return Err(ModelError::Data("feature rows of different lengths".into()));
+    }
+    Ok(columns)
 }
 
 /// LambdaRank's gradient and hessian of every row (zero outside `members`): for each pair of
