@@ -521,6 +521,10 @@ fn checked_columns(x: &[Vec<f64>], recipe: &TreeRecipe) -> Result<usize, ModelEr
     Ok(columns)
 }
 
+/// Groups up to this size learn from every pair of their rows; larger ones from the pairs
+/// with a row among the current top this many.
+const RANKED_PAIRS_FROM_TOP: usize = 1024;
+
 /// LambdaRank's gradient and hessian of every row (zero outside `members`): for each pair of
 /// a group with `relevance[i] > relevance[j]`, the logistic pair loss on `scores[i] -
 /// scores[j]` weighted by the change in the group's NDCG (gains the relevances, positions
@@ -551,21 +555,41 @@ fn lambda_gradients(
             if ideal <= 0.0 {
                 return out;
             }
-            for a in 0..m.len() {
-                for b in 0..m.len() {
-                    let (i, j) = (m[a], m[b]);
-                    if relevance[i] <= relevance[j] {
-                        continue;
+            // The pair (a, b), local indices, with a the more relevant.
+            let mut pair = |a: usize, b: usize| {
+                let (i, j) = (m[a], m[b]);
+                let delta = (relevance[i] - relevance[j])
+                    * (discount(position[a]) - discount(position[b])).abs()
+                    / ideal;
+                let rho = 1.0 / (1.0 + (scores[i] - scores[j]).exp());
+                let (g, h) = (rho * delta, rho * (1.0 - rho) * delta);
+                out[a].1 -= g;
+                out[a].2 += h;
+                out[b].1 += g;
+                out[b].2 += h;
+            };
+            if m.len() <= RANKED_PAIRS_FROM_TOP {
+                for a in 0..m.len() {
+                    for b in 0..m.len() {
+                        if relevance[m[a]] > relevance[m[b]] {
+                            pair(a, b);
+                        }
                     }
-                    let delta = (relevance[i] - relevance[j])
-                        * (discount(position[a]) - discount(position[b])).abs()
-                        / ideal;
-                    let rho = 1.0 / (1.0 + (scores[i] - scores[j]).exp());
-                    let (g, h) = (rho * delta, rho * (1.0 - rho) * delta);
-                    out[a].1 -= g;
-                    out[a].2 += h;
-                    out[b].1 += g;
-                    out[b].2 += h;
+                }
+            } else {
+                // A larger group (datasets hold ~200 records a task; a long tuning log may
+                // hold many more) learns only from pairs with a member among the
+                // current top: LightGBM's truncation, which bounds a round's work.
+                let mut order: Vec<usize> = (0..m.len()).collect();
+                order.sort_by_key(|&k| position[k]);
+                for (p, &a) in order.iter().enumerate().take(RANKED_PAIRS_FROM_TOP) {
+                    for &b in &order[p + 1..] {
+                        match relevance[m[a]].total_cmp(&relevance[m[b]]) {
+                            std::cmp::Ordering::Greater => pair(a, b),
+                            std::cmp::Ordering::Less => pair(b, a),
+                            std::cmp::Ordering::Equal => {}
+                        }
+                    }
                 }
             }
             out
@@ -821,6 +845,31 @@ mod tests {
         let lone: Vec<usize> = (0..x.len()).collect();
         let flat = Gbt::fit_ranked(&x, &relevance, &lone, 1, &recipe).unwrap();
         assert!(flat.predict(&x).iter().all(|&v| v == 0.0));
+    }
+
+    #[test]
+    fn a_group_larger_than_the_truncation_still_learns_its_top() {
+        // One task of 1,100 candidates (more than RANKED_PAIRS_FROM_TOP): pairs come only
+        // from the current top, and the fastest still ends up first.
+        let n = RANKED_PAIRS_FROM_TOP + 76;
+        let x: Vec<Vec<f64>> = (0..n).map(|i| vec![((i * 37) % n) as f64]).collect();
+        let relevance: Vec<f64> = x.iter().map(|r| 1.0 / (1.0 + r[0] / 50.0)).collect();
+        let recipe: TreeRecipe = "rounds=20,depth=4,objective=lambdarank".parse().unwrap();
+        let p = Gbt::fit_ranked(&x, &relevance, &vec![0; n], 1, &recipe)
+            .unwrap()
+            .predict(&x);
+        // Depth-4 trees over 1,100 distinct values: the top leaf holds a few dozen of them
+        // (the full pairs, RANKED_PAIRS_FROM_TOP raised, rank the same x0 = 17 first).
+        let top = (0..n).max_by(|&a, &b| p[a].total_cmp(&p[b])).unwrap();
+        assert!(x[top][0] < 50.0, "ranks x0 = {} first", x[top][0]);
+        let mean = |lo: f64, hi: f64| {
+            let v: Vec<f64> = (0..n)
+                .filter(|&i| (lo..hi).contains(&x[i][0]))
+                .map(|i| p[i])
+                .collect();
+            v.iter().sum::<f64>() / v.len() as f64
+        };
+        assert!(mean(0.0, 110.0) > mean(990.0, 1100.0));
     }
 
     #[test]
