@@ -153,11 +153,15 @@ impl Companions {
                 data.samples.len()
             )));
         }
-        let (rows, labels) = (tree_rows(data, TREE_ROWS), log_labels(data));
+        let rows = tree_rows(data, TREE_ROWS);
         let trees = match recipe.objective {
-            TreeObjective::Regression => {
-                Gbt::fit_with(&rows, &labels, Some(&tree_weights(data)), seed, recipe)?
-            }
+            TreeObjective::Regression => Gbt::fit_with(
+                &rows,
+                &log_labels(data),
+                Some(&tree_weights(data)),
+                seed,
+                recipe,
+            )?,
             TreeObjective::Lambdarank => {
                 let relevance: Vec<f64> = (0..data.samples.len()).map(|i| data.label(i)).collect();
                 let groups: Vec<usize> = data.samples.iter().map(|s| s.task).collect();

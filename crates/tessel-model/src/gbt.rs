@@ -19,8 +19,9 @@ use crate::ModelError;
 /// columns each tree sees, and how many boosters are averaged (bagging: each fitted with its
 /// own seed on its own samples, which steadies a ranking that one booster's luck decides).
 ///
-/// A spec string (`rounds=200,depth=6,rate=0.1,subsample=1,colsample=1,bags=1,objective=regression`) that parses
-/// and prints back; keys left out keep their defaults, XGBoost's usual settings (TenSet's
+/// A spec string (`rounds=200,depth=6,rate=0.1,subsample=1,colsample=1,bags=1,objective=lambdarank`)
+/// that parses and prints back; keys left out keep [`TreeRecipe::ensemble`]'s values, XGBoost's
+/// usual settings grown as LambdaMART (TenSet's
 /// XGBoost model uses depth 10 and a rate of 0.2 on far more data; depth 6 is XGBoost's
 /// default).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -163,7 +164,9 @@ impl FromStr for TreeRecipe {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let mut r = TreeRecipe::default();
+        // Keys left out keep what `pretrain` grows by default, so `--trees depth=8` changes
+        // the depth of LambdaMART trees, not the objective too.
+        let mut r = TreeRecipe::ensemble();
         let mut seen = Vec::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (key, value) = part
@@ -662,7 +665,9 @@ mod tests {
             .map(|i| vec![(i % 17) as f64, (i % 5) as f64, i as f64 / 300.0])
             .collect();
         let y: Vec<f64> = x.iter().map(|r| r[0] * 0.3 - r[1] + 2.0 * r[2]).collect();
-        let one: TreeRecipe = "rounds=30,subsample=0.6,colsample=0.7".parse().unwrap();
+        let one: TreeRecipe = "rounds=30,subsample=0.6,colsample=0.7,objective=regression"
+            .parse()
+            .unwrap();
         let bag = TreeRecipe { bags: 3, ..one };
         let bagged = Gbt::fit_with(&x, &y, None, 7, &bag).unwrap();
         assert_eq!(bagged.bags(), 3);
@@ -705,7 +710,7 @@ mod tests {
     fn trees_that_would_panic_or_loop_are_refused_when_read() {
         let x: Vec<Vec<f64>> = (0..100).map(|i| vec![i as f64, (i % 7) as f64]).collect();
         let y: Vec<f64> = x.iter().map(|r| r[0] - r[1]).collect();
-        let json = Gbt::fit_with(&x, &y, None, 1, &"rounds=3".parse().unwrap())
+        let json = Gbt::fit_with(&x, &y, None, 1, &"rounds=3,objective=regression".parse().unwrap())
             .unwrap()
             .to_json()
             .unwrap();
@@ -748,7 +753,11 @@ mod tests {
 
     #[test]
     fn recipes_parse_with_defaults_and_refuse_what_is_out_of_range() {
-        assert_eq!("".parse::<TreeRecipe>().unwrap(), TreeRecipe::default());
+        assert_eq!("".parse::<TreeRecipe>().unwrap(), TreeRecipe::ensemble());
+        assert_eq!(
+            "objective=regression".parse::<TreeRecipe>().unwrap(),
+            TreeRecipe::default()
+        );
         let r: TreeRecipe = " depth=8 , bags=5,subsample=0.8".parse().unwrap();
         assert_eq!(
             r,
@@ -756,7 +765,7 @@ mod tests {
                 depth: 8,
                 bags: 5,
                 subsample: 0.8,
-                ..TreeRecipe::default()
+                ..TreeRecipe::ensemble()
             }
         );
         for (bad, why) in [
