@@ -710,10 +710,16 @@ mod tests {
     fn trees_that_would_panic_or_loop_are_refused_when_read() {
         let x: Vec<Vec<f64>> = (0..100).map(|i| vec![i as f64, (i % 7) as f64]).collect();
         let y: Vec<f64> = x.iter().map(|r| r[0] - r[1]).collect();
-        let json = Gbt::fit_with(&x, &y, None, 1, &"rounds=3,objective=regression".parse().unwrap())
-            .unwrap()
-            .to_json()
-            .unwrap();
+        let json = Gbt::fit_with(
+            &x,
+            &y,
+            None,
+            1,
+            &"rounds=3,objective=regression".parse().unwrap(),
+        )
+        .unwrap()
+        .to_json()
+        .unwrap();
         assert!(Gbt::from_json(&json).is_ok());
         let root = |j: &mut serde_json::Value| -> serde_json::Value {
             j["booster"]["trees"][0]["nodes"][0].clone()
