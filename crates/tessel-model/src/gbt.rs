@@ -543,13 +543,13 @@ fn lambda_gradients(
     let per_group: Vec<Vec<(usize, f64, f64)>> = members
         .par_iter()
         .map(|m| {
-            let mut by_score = m.clone();
-            by_score.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+            // The group's rows (local indices) from the highest score down, and each row's
+            // place in that order.
+            let mut order: Vec<usize> = (0..m.len()).collect();
+            order.sort_by(|&a, &b| scores[m[b]].total_cmp(&scores[m[a]]));
             let mut position = vec![0usize; m.len()];
-            let local: std::collections::HashMap<usize, usize> =
-                m.iter().enumerate().map(|(k, &i)| (i, k)).collect();
-            for (r, i) in by_score.iter().enumerate() {
-                position[local[i]] = r;
+            for (r, &k) in order.iter().enumerate() {
+                position[k] = r;
             }
             let mut gains: Vec<f64> = m.iter().map(|&i| relevance[i]).collect();
             gains.sort_by(|a, b| b.total_cmp(a));
@@ -583,8 +583,6 @@ fn lambda_gradients(
                 // A larger group (datasets hold ~200 records a task; a long tuning log may
                 // hold many more) learns only from pairs with a member among the
                 // current top: LightGBM's truncation, which bounds a round's work.
-                let mut order: Vec<usize> = (0..m.len()).collect();
-                order.sort_by_key(|&k| position[k]);
                 for (p, &a) in order.iter().enumerate().take(RANKED_PAIRS_FROM_TOP) {
                     for &b in &order[p + 1..] {
                         match relevance[m[a]].total_cmp(&relevance[m[b]]) {
