@@ -158,13 +158,14 @@ fn gpu_model_targets_run_the_whole_pipeline() {
     );
     let report: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
     assert_eq!(report["shots"], 24);
-    // Six candidates: the pretrained and the fine-tuned network, each alone and with the
-    // pretrained model's trees, the fine-tuned one with trees fitted on the shots, and
-    // scratch. A companion file is written exactly when a kept candidate has trees.
+    // Seven candidates: the pretrained and the fine-tuned network, each alone and with the
+    // pretrained model's trees, the pretrained one with its trees corrected on the shots,
+    // the fine-tuned one with trees fitted on the shots, and scratch. A companion file is written exactly when a kept candidate has trees.
     let validation = &report["validation"];
     for candidate in [
         "pretrained",
         "pretrained_trees",
+        "pretrained_corrected",
         "fine_tuned",
         "fine_tuned_pretrained_trees",
         "fine_tuned_ensemble",
@@ -179,12 +180,17 @@ fn gpu_model_targets_run_the_whole_pipeline() {
     );
     assert!(report["before_ensemble"]["top1"].is_number(), "{report}");
     assert!(
+        report["pretrained_corrected"]["top1"].is_number(),
+        "{report}"
+    );
+    assert!(
         report["fine_tuned_pretrained_trees"]["top1"].is_number(),
         "{report}"
     );
     let kept_ensemble = [
         "fine-tuned+ensemble",
         "pretrained+trees",
+        "pretrained+trees+correction",
         "fine-tuned+pretrained-trees",
     ]
     .contains(&report["chosen"].as_str().unwrap_or_default());

@@ -2,6 +2,7 @@
 //! candle forward, a tiny model learns a synthetic ranking, files round-trip and bad files fail.
 
 use candle_core::{Device, Tensor};
+use tessel_model::ensemble::Companions;
 use tessel_model::gbt::TreeRecipe;
 use tessel_model::net::{self, InitRng};
 use tessel_model::train::{Trainable, rank, split_tasks};
@@ -24,6 +25,19 @@ fn small_config() -> ModelConfig {
 /// of a non-linear function of each token (a per-token cost, pooled), plus a per-task offset
 /// column that does not change the ranking.
 fn synthetic(tasks: usize, per_task: usize, seed: u64) -> Dataset {
+    synthetic_with(tasks, per_task, seed, |x| {
+        2.0 * x(0) + 1.5 * x(1) * x(1) - x(0) * x(3)
+    })
+}
+
+/// [`synthetic`] with another per-token cost (`cost(x)`, `x(j)` the token's column j): records
+/// of "another platform".
+fn synthetic_with(
+    tasks: usize,
+    per_task: usize,
+    seed: u64,
+    token_cost: impl Fn(&dyn Fn(usize) -> f64) -> f64,
+) -> Dataset {
     let mut rng = InitRng::new(seed);
     let mut samples = Vec::new();
     for task in 0..tasks {
@@ -37,7 +51,7 @@ fn synthetic(tasks: usize, per_task: usize, seed: u64) -> Dataset {
                     .map(|j| rng.unit() as f32 + if j == 2 { offset } else { 0.0 })
                     .collect();
                 let x = |j: usize| token[j] as f64;
-                cost += 2.0 * x(0) + 1.5 * x(1) * x(1) - x(0) * x(3);
+                cost += token_cost(&x);
                 tokens.extend(token);
             }
             let latency = (cost / n as f64).exp() * 1e-3;
@@ -619,6 +633,101 @@ fn the_mix_is_chosen_on_validation_tasks_and_saved_with_the_trees() {
         model.predict_ranking(&tokens),
         loaded.predict_ranking(&tokens)
     );
+}
+
+#[test]
+fn a_correction_learns_what_the_carried_ensemble_orders_wrongly_on_another_platform() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("model-correction");
+    // Pretrained where column 1 costs; on the new platform it saves time instead.
+    let source = synthetic(6, 40, 41);
+    let new_cost = |x: &dyn Fn(usize) -> f64| 2.0 * x(0) - 1.5 * x(1) * x(1) - x(0) * x(3);
+    let (shots, test) = (
+        synthetic_with(8, 12, 42, new_cost),
+        synthetic_with(4, 30, 43, new_cost),
+    );
+    let mut carried = with_companions(&source);
+    let before = metrics::evaluate(&tessel_model::train::rank_ensemble(&mut carried, &test));
+    let trees = carried.companions.clone().unwrap();
+    let scores = carried.predict(&tessel_model::train::sample_tokens(&shots));
+    let corrected = trees
+        .corrected(
+            &shots,
+            &scores,
+            1,
+            &tessel_model::ensemble::CORRECTION_RECIPE,
+        )
+        .unwrap();
+    assert_eq!(corrected.corrections.len(), 1);
+    assert_eq!(
+        (
+            corrected.corrections[0].records,
+            corrected.corrections[0].tasks
+        ),
+        (96, 8)
+    );
+    let mut model = carried.duplicate().unwrap();
+    model.companions = Some(std::sync::Arc::new(corrected));
+    let after = metrics::evaluate(&tessel_model::train::rank_ensemble(&mut model, &test));
+    assert!(
+        after.pairwise_accuracy > before.pairwise_accuracy + 0.1,
+        "corrected {after:?}, carried {before:?}"
+    );
+
+    // The correction travels with the trees: the same scores once loaded.
+    let path = dir.join("m");
+    model.save(&path).unwrap();
+    let mut loaded = Model::load(&path).unwrap();
+    assert_eq!(loaded.companions.as_ref().unwrap().corrections.len(), 1);
+    let tokens = tessel_model::train::sample_tokens(&test);
+    assert_eq!(
+        model.predict_ranking(&tokens),
+        loaded.predict_ranking(&tokens)
+    );
+    // A damaged correction is an error naming it, not a panic in the middle of a search.
+    let file = Companions::path(&path);
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut flate2::read::GzDecoder::new(&std::fs::read(&file).unwrap()[..]),
+        &mut text,
+    )
+    .unwrap();
+    let at = text
+        .find("\"corrections\":")
+        .expect("the correction is saved");
+    for (what, damaged) in [
+        ("a regression correction", "\"objective\":\"regression\""),
+        ("more bags than boosters", "\"bags\":2"),
+    ] {
+        let key = damaged.split(':').next().unwrap();
+        let from = at + text[at..].find(key).unwrap();
+        let to = from + text[from..].find([',', '}']).unwrap();
+        let bad = format!("{}{damaged}{}", &text[..from], &text[to..]);
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, bad.as_bytes()).unwrap();
+        std::fs::write(&file, gz.finish().unwrap()).unwrap();
+        let err = Model::load(&path)
+            .err()
+            .unwrap_or_else(|| panic!("{what} loaded"));
+        assert!(err.to_string().contains("correction 0"), "{what}: {err}");
+    }
+
+    // A correction only learns an order, and needs one score per record.
+    let regression = TreeRecipe::default();
+    let err = trees
+        .corrected(&shots, &scores, 1, &regression)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("lambdarank"), "{err}");
+    let err = trees
+        .corrected(
+            &shots,
+            &scores[1..],
+            1,
+            &tessel_model::ensemble::CORRECTION_RECIPE,
+        )
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("model scores"), "{err}");
 }
 
 #[test]

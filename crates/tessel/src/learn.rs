@@ -5,12 +5,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use tessel_features::WIDTH;
-use tessel_model::ensemble::MixChoice;
+use tessel_model::ensemble::{CORRECTION_RECIPE, MixChoice};
 use tessel_model::gbt::TreeRecipe;
 use tessel_model::metrics::PairedGain;
 use tessel_model::train::{
     Comparison, Trainable, compare_with_trees, gbt_rank, rank, rank_ensemble, ridge_rank,
-    roofline_rank, split_tasks, split_tasks_by_key, split_tasks_named, tasks_named,
+    roofline_rank, sample_tokens, split_tasks, split_tasks_by_key, split_tasks_named, tasks_named,
     transfer_options,
 };
 use tessel_model::{
@@ -382,11 +382,15 @@ pub struct TransferReport {
     pub fine_tuned_ensemble: Option<Metrics>,
     /// The fine-tuned network with the pretrained model's trees. None without them.
     pub fine_tuned_pretrained_trees: Option<Metrics>,
+    /// The pretrained network with its own trees and a correction learned on the shots
+    /// (`Companions::corrected`). None without trees or when nothing could be fitted.
+    pub pretrained_corrected: Option<Metrics>,
     /// A model of the same shape trained from scratch on the same records.
     pub scratch: Comparison,
     /// What was saved: `pretrained+trees` (the pretrained model with its own trees: as it
     /// came, kept when nothing did better on the shots' own validation tasks), `pretrained`
-    /// (its network alone; as it came when it had no trees), `fine-tuned`,
+    /// (its network alone; as it came when it had no trees), `pretrained+trees+correction`
+    /// (with a correction learned on the shots), `fine-tuned`,
     /// `fine-tuned+pretrained-trees`, `fine-tuned+ensemble` (saved with the trees fitted on
     /// the shots) or `scratch`.
     pub chosen: String,
@@ -415,6 +419,9 @@ pub struct TransferValidation {
     pub pretrained: TransferScore,
     /// The pretrained network with its own trees (None without them).
     pub pretrained_trees: Option<TransferScore>,
+    /// The pretrained network with its own trees and a correction learned on the shots
+    /// (None without trees).
+    pub pretrained_corrected: Option<TransferScore>,
     pub fine_tuned: TransferScore,
     /// The fine-tuned network with the pretrained model's trees (None without them).
     pub fine_tuned_pretrained_trees: Option<TransferScore>,
@@ -453,10 +460,14 @@ impl TransferScore {
 
 impl TransferValidation {
     /// Every candidate by name, in the order ties are broken: what was there first.
-    pub fn candidates(&self) -> [(&'static str, Option<&TransferScore>); 6] {
+    pub fn candidates(&self) -> [(&'static str, Option<&TransferScore>); 7] {
         [
             ("pretrained", Some(&self.pretrained)),
             ("pretrained+trees", self.pretrained_trees.as_ref()),
+            (
+                "pretrained+trees+correction",
+                self.pretrained_corrected.as_ref(),
+            ),
             ("fine-tuned", Some(&self.fine_tuned)),
             (
                 "fine-tuned+pretrained-trees",
@@ -487,6 +498,7 @@ impl TransferValidation {
         fill(&mut self.scratch, false);
         for (s, own) in [
             (&mut self.pretrained_trees, name == "pretrained+trees"),
+            (&mut self.pretrained_corrected, false),
             (&mut self.fine_tuned_pretrained_trees, false),
             (&mut self.fine_tuned_ensemble, false),
         ] {
@@ -574,6 +586,13 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
     let before_ensemble = pretrained_trees
         .as_mut()
         .map(|m| metrics::evaluate(&rank_ensemble(m, &test)));
+    let mut corrected = match &source_trees {
+        Some(trees) => corrected_on(&mut model, trees, &shots, o.seed)?,
+        None => None,
+    };
+    let pretrained_corrected = corrected
+        .as_mut()
+        .map(|m| metrics::evaluate(&rank_ensemble(m, &test)));
     let mut fine_source = with_source_trees(&fine)?;
     let fine_tuned_pretrained_trees = fine_source
         .as_mut()
@@ -592,6 +611,14 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
             pretrained_trees.expect("checked"),
             with_metrics(before_ensemble.expect("checked"), &before),
         ),
+        ("pretrained+trees+correction", ..)
+            if corrected.is_some() && pretrained_corrected.is_some() =>
+        {
+            (
+                corrected.expect("checked"),
+                with_metrics(pretrained_corrected.expect("checked"), &before),
+            )
+        }
         ("fine-tuned+pretrained-trees", ..)
             if fine_source.is_some() && fine_tuned_pretrained_trees.is_some() =>
         {
@@ -638,6 +665,7 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
         fine_tuned,
         fine_tuned_ensemble,
         fine_tuned_pretrained_trees,
+        pretrained_corrected,
         scratch,
         chosen: chosen.to_string(),
         validation,
@@ -668,6 +696,26 @@ fn fit_on_shots(model: &Model, shots: &Dataset, seed: u64) -> Result<Option<Mode
     Ok(m.fit_companions(shots, seed).is_ok().then_some(m))
 }
 
+/// A copy of `model` with `trees` beside it and a correction of the two fitted on `shots`
+/// ([`Companions::corrected`], [`CORRECTION_RECIPE`]); None when the shots hold no task of
+/// two records to learn an order from.
+fn corrected_on(
+    model: &mut Model,
+    trees: &std::sync::Arc<Companions>,
+    shots: &Dataset,
+    seed: u64,
+) -> Result<Option<Model>> {
+    if shots.by_task().iter().all(|t| t.len() < 2) {
+        return Ok(None);
+    }
+    let scores = model.predict(&sample_tokens(shots));
+    let corrected = trees.corrected(shots, &scores, seed, &CORRECTION_RECIPE)?;
+    Ok(Some(with_companions(
+        model,
+        &std::sync::Arc::new(corrected),
+    )?))
+}
+
 /// The fewest pairs of validation records (of one task) on which a transfer leaves the
 /// pretrained model. With 32 shots over 66 int8 tasks the validation held 15 records of 7
 /// tasks (9 pairs), and scratch "won" there by 0.09 while it ranked the test tasks worse
@@ -687,8 +735,8 @@ pub const TRANSFER_MIN_GAIN_Z: f64 = 2.0;
 /// with its own trees where it has them (`has_trees`: what `tune` would rank by without a
 /// transfer). A candidate must lead it on the criterion and by [`TRANSFER_MIN_GAIN_Z`]
 /// standard errors task by task; of those that do, the highest criterion wins, ties going
-/// to the earlier of pretrained, pretrained+trees, fine-tuned, fine-tuned+pretrained-trees,
-/// fine-tuned+ensemble and scratch. Without validation, or on fewer than
+/// to the earlier of pretrained, pretrained+trees, pretrained+trees+correction, fine-tuned,
+/// fine-tuned+pretrained-trees, fine-tuned+ensemble and scratch. Without validation, or on fewer than
 /// [`MIN_VALIDATION_PAIRS`] pairs, what was there.
 fn choose_transfer(validation: Option<&TransferValidation>, has_trees: bool) -> &'static str {
     let as_it_came = if has_trees {
@@ -745,7 +793,7 @@ fn validate_transfer(
     let (mut pre_r, mut fine_r, mut scratch_r) = (Vec::new(), Vec::new(), Vec::new());
     let mut ensemble_r = Some(Vec::new());
     // The candidates with the pretrained model's trees (none without them).
-    let (mut pre_trees_r, mut fine_trees_r) = (Vec::new(), Vec::new());
+    let (mut pre_trees_r, mut fine_trees_r, mut corrected_r) = (Vec::new(), Vec::new(), Vec::new());
     let (mut fit_records, mut validation_records, mut validation_tasks) = (0, 0, 0);
     for (fit_ix, val_ix) in [(&a, &b), (&b, &a)] {
         let (fit, val) = (shots.subset(&pick(fit_ix)), shots.subset(&pick(val_ix)));
@@ -769,6 +817,9 @@ fn validate_transfer(
                 &val,
             ));
             fine_trees_r.extend(rank_ensemble(&mut with_companions(&f, trees)?, &val));
+            if let Some(mut c) = corrected_on(pretrained, trees, &fit, seed)? {
+                corrected_r.extend(rank_ensemble(&mut c, &val));
+            }
         }
         pre_r.extend(rank(pretrained, &val));
         fine_r.extend(rank(&mut f, &val));
@@ -788,6 +839,10 @@ fn validate_transfer(
                 .sum(),
             pretrained: TransferScore::of(&pre_r),
             pretrained_trees: source_trees.map(|_| TransferScore::of(&pre_trees_r)),
+            // Both folds or neither: a score over one fold's tasks would not pair task by task.
+            pretrained_corrected: (source_trees.is_some()
+                && corrected_r.len() == pre_trees_r.len())
+            .then(|| TransferScore::of(&corrected_r)),
             fine_tuned: TransferScore::of(&fine_r),
             fine_tuned_pretrained_trees: source_trees.map(|_| TransferScore::of(&fine_trees_r)),
             fine_tuned_ensemble: ensemble_r.as_deref().map(TransferScore::of),
@@ -1154,6 +1209,7 @@ mod tests {
             validation_pairs: 1560,
             pretrained: m(pretrained),
             pretrained_trees: None,
+            pretrained_corrected: None,
             fine_tuned: m(fine_tuned),
             fine_tuned_pretrained_trees: None,
             fine_tuned_ensemble: ensemble.map(m),
@@ -1216,6 +1272,14 @@ mod tests {
             ..validation(0.9, 0.7, None, 0.7)
         };
         assert_eq!(choose(&alone), "pretrained");
+        // The carried ensemble corrected on the shots, when it leads.
+        let corrected = |c: f64| TransferValidation {
+            pretrained_corrected: Some(score(c)),
+            ..with_trees(0.8, 0.7)
+        };
+        assert_eq!(choose(&corrected(0.85)), "pretrained+trees+correction");
+        assert_eq!(choose(&corrected(0.78)), "pretrained+trees");
+        assert_eq!(choose(&corrected(0.8)), "pretrained+trees");
     }
 
     #[test]

@@ -260,6 +260,8 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
     // Trees were fitted on the shots and scored on the test task, but without validation
     // they are not what is kept.
     assert!(transfer.fine_tuned_ensemble.is_some());
+    // So was a correction of the pretrained ensemble, on the shots' one task.
+    assert!(transfer.pretrained_corrected.is_some());
 }
 
 #[test]
