@@ -338,6 +338,12 @@ pub struct TransferOptions {
     /// Records to fine-tune on.
     #[cfg_attr(feature = "clap", arg(long))]
     pub shots: usize,
+    /// Draw the shots task by task, this many records of each (the tasks in a seeded
+    /// order, the last one taking what is left), instead of at random over every task of
+    /// the fine-tuning half. A ranking learns from pairs within a task: 128 records as 16
+    /// tasks of 8 hold 448 pairs, spread over 37 tasks about 120.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub shots_per_task: Option<usize>,
     /// Where the fine-tuned model goes.
     #[cfg_attr(feature = "clap", arg(long))]
     pub out: PathBuf,
@@ -531,11 +537,20 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
             .map(|trees| with_companions(m, trees))
             .transpose()
     };
-    let data = load(&o.data, network_filter(&o.networks)?.as_ref(), progress)?;
-    let (shots, test) = few_shot_split(&data, o.shots, o.seed)?;
-    if shots.samples.len() < o.shots {
+    if let Some(m) = o.shots_per_task.filter(|&m| m < 2) {
         bail!(
-            "shots {}: the fine-tuning half of the tasks holds only {} records ({} in all, {} tasks)",
+            "shots per task {m}: a task needs two records to order (use 2 or more, or leave it out)"
+        );
+    }
+    let data = load(&o.data, network_filter(&o.networks)?.as_ref(), progress)?;
+    let (shots, test) = few_shot_split(&data, o.shots, o.shots_per_task, o.seed)?;
+    if shots.samples.len() < o.shots {
+        let drawn = match o.shots_per_task {
+            Some(m) => format!("at most {m} records of each of its tasks make"),
+            None => "the fine-tuning half of the tasks holds".into(),
+        };
+        bail!(
+            "shots {}: {drawn} only {} records ({} in all, {} tasks)",
             o.shots,
             shots.samples.len(),
             data.samples.len(),
@@ -649,6 +664,7 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
         "transferred_from": o.model.display().to_string(),
         "data": o.data.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
         "shots": o.shots,
+        "shots_per_task": o.shots_per_task,
         "mode": o.mode,
         "chosen": chosen,
         "validation": validation,
@@ -887,18 +903,42 @@ fn refuse_overwrite(out: &Path, force: bool) -> Result<()> {
 }
 
 /// K records for fine-tuning, drawn from half of the tasks (seeded, by key: records measured
-/// again do not move a task between the halves); the other tasks test.
-fn few_shot_split(data: &Dataset, k: usize, seed: u64) -> Result<(Dataset, Dataset)> {
+/// again do not move a task between the halves); the other tasks test. Without `per_task`
+/// the K are drawn at random over the whole half; with it, task by task in a seeded order,
+/// `per_task` records of each (the last task what is left of K).
+fn few_shot_split(
+    data: &Dataset,
+    k: usize,
+    per_task: Option<usize>,
+    seed: u64,
+) -> Result<(Dataset, Dataset)> {
     if data.tasks.len() < 2 {
         bail!("transfer needs at least two tasks (one to fine-tune on, one to test)");
     }
     let (train_ids, test_ids) = split_tasks_by_key(data, 0.5, seed);
     let pool = data.subset(&train_ids);
     let mut rng = Rng::new(seed);
+    let mut shuffle = |idx: &mut Vec<usize>| {
+        for i in (1..idx.len()).rev() {
+            let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+            idx.swap(i, j);
+        }
+    };
     let mut idx: Vec<usize> = (0..pool.samples.len()).collect();
-    for i in (1..idx.len()).rev() {
-        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
-        idx.swap(i, j);
+    shuffle(&mut idx);
+    if let Some(m) = per_task {
+        // The shuffled records, grouped by task in a shuffled task order: each task's
+        // first m of them, until K.
+        let mut tasks: Vec<usize> = (0..pool.tasks.len()).collect();
+        shuffle(&mut tasks);
+        let mut of_task: Vec<Vec<usize>> = vec![Vec::new(); pool.tasks.len()];
+        for &i in &idx {
+            of_task[pool.samples[i].task].push(i);
+        }
+        idx = tasks
+            .iter()
+            .flat_map(|&t| of_task[t].iter().take(m).copied())
+            .collect();
     }
     idx.truncate(k);
     let samples: Vec<Sample> = idx.iter().map(|&i| pool.samples[i].clone()).collect();
@@ -1349,5 +1389,48 @@ mod tests {
         let (a, b) = (TransferScore::of(&a), TransferScore::of(&b));
         assert!(a.metrics.pairwise_accuracy > b.metrics.pairwise_accuracy);
         assert!(a.criterion < b.criterion, "{a:?} against {b:?}");
+    }
+
+    #[test]
+    fn shots_drawn_task_by_task_hold_that_many_records_of_each_task() {
+        // 40 tasks of 20 records; each record's latency names its task and index.
+        let tasks: Vec<(String, f64)> = (0..40).map(|t| (format!("task{t}"), 1.0)).collect();
+        let samples: Vec<Sample> = (0..40 * 20)
+            .map(|i| Sample {
+                task: i / 20,
+                tokens: vec![0.0; WIDTH],
+                latency: 1.0 + i as f64,
+            })
+            .collect();
+        let data = Dataset::new(tasks, samples, WIDTH).unwrap();
+        let per_task = |shots: &Dataset| -> Vec<usize> {
+            let mut n: Vec<usize> = shots
+                .by_task()
+                .iter()
+                .map(Vec::len)
+                .filter(|&n| n > 0)
+                .collect();
+            n.sort_unstable();
+            n
+        };
+        let (spread, test) = few_shot_split(&data, 128, None, 1).unwrap();
+        let (grouped, test_too) = few_shot_split(&data, 128, Some(8), 1).unwrap();
+        assert_eq!(grouped.samples.len(), 128);
+        assert_eq!(per_task(&grouped), vec![8; 16]);
+        // The same test half, and the shots only from the other one.
+        assert_eq!(test.tasks, test_too.tasks);
+        let tested: std::collections::BTreeSet<&String> =
+            test.tasks.iter().map(|(k, _)| k).collect();
+        for s in &grouped.samples {
+            assert!(!tested.contains(&grouped.tasks[s.task].0));
+        }
+        // At random, the same 128 records spread over most of the half's 20 tasks.
+        assert_eq!(spread.samples.len(), 128);
+        assert!(per_task(&spread).len() > 16, "{:?}", per_task(&spread));
+        // K not a multiple: the last task takes what is left; a task short of m gives all.
+        let (odd, _) = few_shot_split(&data, 30, Some(8), 1).unwrap();
+        assert_eq!(per_task(&odd), vec![6, 8, 8, 8]);
+        let (all, _) = few_shot_split(&data, 1000, Some(50), 1).unwrap();
+        assert_eq!(per_task(&all), vec![20; 20]);
     }
 }

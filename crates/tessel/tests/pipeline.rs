@@ -222,21 +222,33 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
     let err = against(&keys).unwrap_err().to_string();
     assert!(err.contains("--tasks") && err.contains("val.txt"), "{err}");
 
-    let transfer = tessel::transfer(
-        &TransferOptions {
-            model: dir.join("m/model"),
-            data: vec![all],
-            networks: Vec::new(),
-            shots: 6,
-            out: dir.join("m/tuned"),
-            mode: "all".into(),
-            epochs: 1,
-            seed: 1,
-            force: false,
-        },
-        &mut NoProgress,
-    )
-    .unwrap();
+    let options = TransferOptions {
+        model: dir.join("m/model"),
+        data: vec![all],
+        networks: Vec::new(),
+        shots: 6,
+        shots_per_task: None,
+        out: dir.join("m/tuned"),
+        mode: "all".into(),
+        epochs: 1,
+        seed: 1,
+        force: false,
+    };
+    // One record a task orders nothing; more shots than the tasks hold, drawn task by task.
+    for (per_task, shots, says) in [(1, 6, "shots per task 1"), (2, 6, "at most 2 records")] {
+        let err = tessel::transfer(
+            &TransferOptions {
+                shots_per_task: Some(per_task),
+                shots,
+                ..options.clone()
+            },
+            &mut NoProgress,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(says), "{err}");
+    }
+    let transfer = tessel::transfer(&options, &mut NoProgress).unwrap();
     assert_eq!(transfer.shots, 6);
     assert_eq!(transfer.test_tasks, 1);
     assert!(transfer.saved.0.exists());
