@@ -505,6 +505,11 @@ pub fn transfer(r: &TransferReport) {
                     "  (under {} pairs: too little to leave the pretrained model on)",
                     tessel::MIN_VALIDATION_PAIRS
                 );
+            } else if v.validation_tasks < tessel::MIN_VALIDATION_TASKS {
+                println!(
+                    "  (under {} tasks: too few to leave the pretrained model on)",
+                    tessel::MIN_VALIDATION_TASKS
+                );
             }
         }
         None => {

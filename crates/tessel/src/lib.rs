@@ -69,9 +69,9 @@ pub use export::{ExportOptions, ExportReport, ExportedKernel, export};
 pub use heldout::{HeldOutOptions, HeldOutReport, NetworkScores, Scores, TEST_NETWORKS, held_out};
 pub use learn::{
     Against, Architecture, EvalOptions, EvalReport, HELD_OUT_NETWORKS, MIN_VALIDATION_PAIRS,
-    PretrainOptions, PretrainReport, SHIPPED_DATASETS, TRANSFER_MIN_GAIN_Z, TaskPick,
-    TransferOptions, TransferReport, VALIDATION_TASKS, eval, load_model, pretrain, read_task_keys,
-    transfer, validation_tasks_of,
+    MIN_VALIDATION_TASKS, PretrainOptions, PretrainReport, SHIPPED_DATASETS, TRANSFER_MIN_GAIN_Z,
+    TaskPick, TransferOptions, TransferReport, VALIDATION_TASKS, eval, load_model, pretrain,
+    read_task_keys, transfer, validation_tasks_of,
 };
 pub use measure::{MeasureOptions, MeasureReport, generated_c, measure, schedule_of};
 pub use progress::{NoProgress, Notes, Progress};
