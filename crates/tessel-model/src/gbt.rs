@@ -823,6 +823,14 @@ mod tests {
         assert!(Gbt::fit_with(&x, &[0.0; 4], None, 1, &bad).is_err());
     }
 
+    /// The row of `rows` that `scores` ranks first.
+    fn highest(rows: &[usize], scores: &[f64]) -> usize {
+        rows.iter()
+            .copied()
+            .max_by(|&a, &b| scores[a].total_cmp(&scores[b]))
+            .expect("a group has rows")
+    }
+
     #[test]
     fn ranking_trees_learn_the_order_within_each_group_not_its_level() {
         // Six groups (tasks) of 40 candidates. Within a group the fast ones have a small
@@ -842,11 +850,7 @@ mod tests {
         let p = trees.predict(&x);
         for g in 0..6 {
             let rows: Vec<usize> = (0..x.len()).filter(|&i| groups[i] == g).collect();
-            let top = rows
-                .iter()
-                .copied()
-                .max_by(|&a, &b| p[a].total_cmp(&p[b]))
-                .unwrap();
+            let top = highest(&rows, &p);
             assert_eq!(x[top][0], 0.0, "group {g} ranks x0 = {} first", x[top][0]);
             let ordered = rows
                 .iter()
@@ -907,11 +911,7 @@ mod tests {
             .collect();
         for g in 0..4 {
             let rows: Vec<usize> = (0..x.len()).filter(|&i| groups[i] == g).collect();
-            let top = rows
-                .iter()
-                .copied()
-                .max_by(|&a, &b| p[a].total_cmp(&p[b]))
-                .unwrap();
+            let top = highest(&rows, &p);
             assert!(x[top][0] < 3.0, "group {g} ranks x0 = {} first", x[top][0]);
         }
         // The trees alone rank groups 2 and 3 the other way round from their base.
