@@ -11,6 +11,7 @@ use std::str::FromStr;
 use forust_ml::objective::ObjectiveType;
 use forust_ml::sampler::SampleMethod;
 use forust_ml::{GradientBooster, Matrix};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::ModelError;
@@ -202,7 +203,109 @@ impl FromStr for TreeRecipe {
 pub struct Gbt {
     boosters: Vec<GradientBooster>,
     columns: usize,
+    /// The same boosters laid out for prediction ([`Flat`]).
+    flat: Vec<Flat>,
 }
+
+/// A booster's trees laid out for prediction: every node of every tree in one array, walked
+/// row by row with the row in cache. forust predicts tree by tree over all rows, a parallel
+/// pass and an allocation for each of 200 trees, reading each row's values column-major:
+/// about 8.5 us a program on Zen 4, a tenth of the network's time. The leaves are summed in
+/// forust's order from its base score, so the predictions are forust's, bit for bit.
+struct Flat {
+    base: f64,
+    /// forust's missing value: NaN (its default) sends NaN down each split's missing branch;
+    /// another value sends that value there.
+    missing: f64,
+    roots: Vec<u32>,
+    nodes: Vec<FlatNode>,
+}
+
+#[derive(Clone, Copy)]
+struct FlatNode {
+    threshold: f64,
+    leaf: f32,
+    is_leaf: bool,
+    feature: u32,
+    left: u32,
+    right: u32,
+    missing: u32,
+}
+
+impl Flat {
+    /// The trees forust predicts with (checked by [`check_booster`] or grown by forust:
+    /// children come after their node, so every walk ends).
+    fn of(b: &GradientBooster) -> Result<Flat, String> {
+        let trees = &b.trees[..b
+            .prediction_iteration
+            .unwrap_or(b.trees.len())
+            .min(b.trees.len())];
+        let total: usize = trees.iter().map(|t| t.nodes.len()).sum();
+        let index =
+            |i: usize| u32::try_from(i).map_err(|_| format!("{total} nodes, too many to lay out"));
+        let mut roots = Vec::with_capacity(trees.len());
+        let mut nodes = Vec::with_capacity(total);
+        for tree in trees {
+            let at = nodes.len();
+            roots.push(index(at)?);
+            for n in &tree.nodes {
+                nodes.push(FlatNode {
+                    threshold: n.split_value,
+                    leaf: n.weight_value,
+                    is_leaf: n.is_leaf,
+                    feature: index(n.split_feature)?,
+                    left: index(at + n.left_child)?,
+                    right: index(at + n.right_child)?,
+                    missing: index(at + n.missing_node)?,
+                });
+            }
+        }
+        Ok(Flat {
+            base: b.base_score,
+            missing: b.missing,
+            roots,
+            nodes,
+        })
+    }
+
+    /// Adds the booster's prediction for each row of `rows` to `sums` (a column past a
+    /// row's end reads 0, as the column-major copy forust is handed pads it). Tree by tree
+    /// over the block, so a tree's nodes stay in cache while every row walks it.
+    fn add_predictions(&self, rows: &[Vec<f64>], sums: &mut [f64]) {
+        let mut preds = vec![self.base; rows.len()];
+        for &root in &self.roots {
+            for (row, p) in rows.iter().zip(preds.iter_mut()) {
+                let mut i = root as usize;
+                loop {
+                    let n = &self.nodes[i];
+                    if n.is_leaf {
+                        *p += n.leaf as f64;
+                        break;
+                    }
+                    let v = row.get(n.feature as usize).copied().unwrap_or(0.0);
+                    let missing = if self.missing.is_nan() {
+                        v.is_nan()
+                    } else {
+                        v == self.missing || v.is_nan()
+                    };
+                    i = if missing {
+                        n.missing
+                    } else if v < n.threshold {
+                        n.left
+                    } else {
+                        n.right
+                    } as usize;
+                }
+            }
+        }
+        for (s, p) in sums.iter_mut().zip(preds) {
+            *s += p;
+        }
+    }
+}
+
+/// Rows predicted together: a block's rows stay in cache while each tree walks them.
+const PREDICT_BLOCK: usize = 32;
 
 impl Gbt {
     /// Fits on rows `x` (all of one length) and targets `y` with the default recipe, each
@@ -259,7 +362,7 @@ impl Gbt {
             fitted.map_err(|e| ModelError::Data(format!("gradient-boosted trees: {e}")))?;
             boosters.push(booster);
         }
-        Ok(Gbt { boosters, columns })
+        Gbt::new(boosters, columns).map_err(ModelError::Data)
     }
 
     /// LambdaMART ([`TreeObjective::Lambdarank`]): fits trees that order the rows of each
@@ -373,25 +476,25 @@ impl Gbt {
             };
             boosters.push(booster);
         }
-        Ok(Gbt { boosters, columns })
+        Gbt::new(boosters, columns).map_err(ModelError::Data)
     }
 
     /// Predictions for rows `x`: the mean of the boosters'.
     pub fn predict(&self, x: &[Vec<f64>]) -> Vec<f64> {
-        if x.is_empty() || self.boosters.is_empty() {
+        if x.is_empty() || self.flat.is_empty() {
             return vec![0.0; x.len()];
         }
-        let data = column_major(x, self.columns);
-        let matrix = Matrix::new(&data, x.len(), self.columns);
-        let mut sum = vec![0.0; x.len()];
-        for booster in &self.boosters {
-            for (s, p) in sum.iter_mut().zip(booster.predict(&matrix, true)) {
-                *s += p;
-            }
-        }
-        let n = self.boosters.len() as f64;
-        sum.iter_mut().for_each(|s| *s /= n);
-        sum
+        let n = self.flat.len() as f64;
+        let mut out = vec![0.0; x.len()];
+        out.par_chunks_mut(PREDICT_BLOCK)
+            .zip(x.par_chunks(PREDICT_BLOCK))
+            .for_each(|(sums, rows)| {
+                for booster in &self.flat {
+                    booster.add_predictions(rows, sums);
+                }
+                sums.iter_mut().for_each(|s| *s /= n);
+            });
+        out
     }
 }
 
@@ -460,7 +563,17 @@ impl Gbt {
                 Ok(booster)
             })
             .collect::<Result<Vec<_>, String>>()?;
-        Ok(Gbt { boosters, columns })
+        Gbt::new(boosters, columns).map_err(|e| format!("trees: {e}"))
+    }
+
+    /// The boosters with their prediction layout.
+    fn new(boosters: Vec<GradientBooster>, columns: usize) -> Result<Gbt, String> {
+        let flat = boosters.iter().map(Flat::of).collect::<Result<_, _>>()?;
+        Ok(Gbt {
+            boosters,
+            columns,
+            flat,
+        })
     }
 }
 
@@ -821,6 +934,89 @@ mod tests {
             ..TreeRecipe::default()
         };
         assert!(Gbt::fit_with(&x, &[0.0; 4], None, 1, &bad).is_err());
+    }
+
+    /// What forust itself predicts for `x`: each booster over a column-major copy, tree by
+    /// tree, then the mean of the boosters (what `Gbt::predict` did before `Flat`).
+    fn forust_predict(g: &Gbt, x: &[Vec<f64>]) -> Vec<f64> {
+        let data = column_major(x, g.columns);
+        let matrix = Matrix::new(&data, x.len(), g.columns);
+        let mut sum = vec![0.0; x.len()];
+        for booster in &g.boosters {
+            for (s, p) in sum.iter_mut().zip(booster.predict(&matrix, true)) {
+                *s += p;
+            }
+        }
+        sum.iter().map(|s| s / g.boosters.len() as f64).collect()
+    }
+
+    #[test]
+    fn the_flat_layout_predicts_what_forust_predicts_bit_for_bit() {
+        let x: Vec<Vec<f64>> = (0..400)
+            .map(|i| {
+                let i = i as f64;
+                vec![
+                    (i * 0.37).sin(),
+                    (i * 0.11).cos() * 3.0,
+                    i % 7.0,
+                    (i * 1.3) % 5.0,
+                ]
+            })
+            .collect();
+        let y: Vec<f64> = x
+            .iter()
+            .map(|r| r[0] * r[1] - r[2] + (r[3] > 2.0) as u8 as f64)
+            .collect();
+        let groups: Vec<usize> = (0..x.len()).map(|i| i / 20).collect();
+        let relevance: Vec<f64> = y.iter().map(|v| 1.0 / (1.0 + (v + 10.0).abs())).collect();
+        let fitted = [
+            Gbt::fit(&x, &y, None, 3).unwrap(),
+            Gbt::fit_with(
+                &x,
+                &y,
+                None,
+                3,
+                &"rounds=30,bags=3,subsample=0.7,objective=regression"
+                    .parse()
+                    .unwrap(),
+            )
+            .unwrap(),
+            Gbt::fit_ranked(
+                &x,
+                &relevance,
+                &groups,
+                3,
+                &"rounds=30,depth=4".parse().unwrap(),
+            )
+            .unwrap(),
+        ];
+        // Rows unlike the training ones too: far outside, on the thresholds, missing values.
+        let mut probe = x.clone();
+        probe.push(vec![1e9, -1e9, 0.0, f64::NAN]);
+        probe.push(vec![f64::NAN; 4]);
+        for g in &fitted {
+            let thresholds: Vec<f64> = g.boosters[0].trees[0]
+                .nodes
+                .iter()
+                .filter(|n| !n.is_leaf)
+                .map(|n| n.split_value)
+                .collect();
+            for t in thresholds {
+                probe.push(vec![t; 4]);
+            }
+        }
+        for g in &fitted {
+            let ours = g.predict(&probe);
+            let theirs = forust_predict(g, &probe);
+            assert!(
+                ours.iter()
+                    .zip(&theirs)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+            );
+            // Read back from a file: the same layout.
+            let back = Gbt::from_json(&g.to_json().unwrap()).unwrap();
+            assert_eq!(back.predict(&probe), ours);
+        }
     }
 
     /// The row of `rows` that `scores` ranks first.
