@@ -443,8 +443,12 @@ pub fn refit_trees(r: &tessel::RefitReport) {
 }
 
 pub fn transfer(r: &TransferReport) {
+    let drawn = match r.shots_per_task {
+        0 => "at random".to_string(),
+        m => format!("{m} a task"),
+    };
     println!(
-        "{} shots ({} mode); evaluated on {} records of {} tasks",
+        "{} shots ({drawn}, {} mode); evaluated on {} records of {} tasks",
         r.shots, r.mode, r.test_records, r.test_tasks
     );
     comparison_with(

@@ -56,7 +56,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         data: vec![data.join("cpu-scalar.jsonl.gz")],
         networks: Vec::new(),
         shots,
-        shots_per_task: None,
+        shots_per_task: tessel::DEFAULT_SHOTS_PER_TASK,
         out: dir.join("scalar"),
         mode: "all".into(),
         epochs,

@@ -227,18 +227,18 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
         data: vec![all],
         networks: Vec::new(),
         shots: 6,
-        shots_per_task: None,
+        shots_per_task: tessel::DEFAULT_SHOTS_PER_TASK,
         out: dir.join("m/tuned"),
         mode: "all".into(),
         epochs: 1,
         seed: 1,
         force: false,
     };
-    // One record a task orders nothing; more shots than the tasks hold, drawn task by task.
-    for (per_task, shots, says) in [(1, 6, "shots per task 1"), (2, 6, "at most 2 records")] {
+    // One record a task orders nothing; more shots than the half holds are an error.
+    for (per_task, shots, says) in [(1, 6, "shots per task 1"), (2, 10_000, "holds only")] {
         let err = tessel::transfer(
             &TransferOptions {
-                shots_per_task: Some(per_task),
+                shots_per_task: per_task,
                 shots,
                 ..options.clone()
             },
