@@ -714,7 +714,8 @@ fn fit_on_shots(model: &Model, shots: &Dataset, seed: u64) -> Result<Option<Mode
 
 /// A copy of `model` with `trees` beside it and a correction of the two fitted on `shots`
 /// ([`Companions::corrected`], [`CORRECTION_RECIPE`]); None when the shots hold no task of
-/// two records to learn an order from.
+/// two records to learn an order from or the fit fails (as [`fit_on_shots`]: a candidate
+/// that cannot be made is left out, the transfer goes on).
 fn corrected_on(
     model: &mut Model,
     trees: &std::sync::Arc<Companions>,
@@ -725,11 +726,13 @@ fn corrected_on(
         return Ok(None);
     }
     let scores = model.predict(&sample_tokens(shots));
-    let corrected = trees.corrected(shots, &scores, seed, &CORRECTION_RECIPE)?;
-    Ok(Some(with_companions(
-        model,
-        &std::sync::Arc::new(corrected),
-    )?))
+    match trees.corrected(shots, &scores, seed, &CORRECTION_RECIPE) {
+        Ok(corrected) => Ok(Some(with_companions(
+            model,
+            &std::sync::Arc::new(corrected),
+        )?)),
+        Err(_) => Ok(None),
+    }
 }
 
 /// How many records of each task `transfer` draws its shots as, by default. On f32 FMA ->
