@@ -736,9 +736,10 @@ fn corrected_on(
 }
 
 /// How many records of each task `transfer` draws its shots as, by default. On f32 FMA ->
-/// int8 (three seeds, 2026-12-06) K=128 drawn 8 a task kept a model at or above K=0 and
-/// scratch on every figure and seed; drawn at random it kept K=0 every time, under
-/// scratch's top-1 on two seeds (`fixtures/bench/transfer-correction-2026-12-06.txt`).
+/// int8 (2026-12-06) K=128 drawn 8 a task kept a model at or above K=0 and scratch on
+/// every figure on four seeds of five (the fifth kept K=0, 0.030 under scratch's top-5);
+/// drawn at random it kept K=0 on all three seeds tried, under scratch's top-1 on two
+/// (`fixtures/bench/transfer-correction-2026-12-06.txt`).
 pub const DEFAULT_SHOTS_PER_TASK: usize = 8;
 
 /// The fewest pairs of validation records (of one task) on which a transfer leaves the
