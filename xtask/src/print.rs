@@ -472,6 +472,7 @@ pub fn transfer(r: &TransferReport) {
             "  pretrained with its trees and a correction learned on the shots: top-1 {:.3} top-5 {:.3} pairwise {:.3} tau {:.3}",
             m.top1, m.top5, m.pairwise_accuracy, m.kendall_tau
         );
+        println!("    (the correction: {})", r.correction_trees);
     }
     comparison("trained from scratch on the same records:", &r.scratch);
     match &r.validation {

@@ -296,6 +296,29 @@ fn models_keep_their_name_and_are_never_overwritten_unasked() {
         &dir,
     );
     assert!(e.contains("100000") && e.contains("records"), "{e}");
+    // A correction recipe that cannot rank, or does not parse, is refused by name.
+    for (recipe, says) in [
+        ("objective=regression", "objective=regression"),
+        ("ndcg_at=five", "ndcg_at=`five`"),
+    ] {
+        let e = refused(
+            &[
+                "transfer",
+                "--model",
+                "tiny.v2",
+                "--data",
+                SCALAR,
+                "--shots",
+                "8",
+                "--correction-trees",
+                recipe,
+                "--out",
+                "t",
+            ],
+            &dir,
+        );
+        assert!(e.contains("--correction-trees") && e.contains(says), "{e}");
+    }
 }
 
 #[test]

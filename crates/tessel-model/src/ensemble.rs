@@ -84,6 +84,7 @@ pub const CORRECTION_RECIPE: TreeRecipe = TreeRecipe {
     colsample: 1.0,
     bags: 1,
     objective: TreeObjective::Lambdarank,
+    ndcg_at: 0,
 };
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]

@@ -39,6 +39,12 @@ pub struct TreeRecipe {
     /// What the trees learn (files from before objectives: regression).
     #[serde(default)]
     pub objective: TreeObjective,
+    /// LambdaMART only: pairs are weighted by the change in NDCG at this many places
+    /// (0: the whole task), so a swap below the top `ndcg_at` counts nothing and the trees
+    /// spend their splits on what a top-k pick sees (XGBoost's `ndcg@k`, LightGBM's
+    /// `lambdarank_truncation_level`). Files from before it: 0.
+    #[serde(default)]
+    pub ndcg_at: usize,
 }
 
 /// What a booster's trees are fitted to.
@@ -89,6 +95,7 @@ impl Default for TreeRecipe {
             colsample: 1.0,
             bags: 1,
             objective: TreeObjective::Regression,
+            ndcg_at: 0,
         }
     }
 }
@@ -121,7 +128,8 @@ impl TreeRecipe {
             subsample,
             colsample,
             bags,
-            objective: _,
+            objective,
+            ndcg_at,
         } = *self;
         if !(1..=MAX_ROUNDS).contains(&rounds) {
             return Err(format!("rounds={rounds} is not in 1..={MAX_ROUNDS}"));
@@ -141,6 +149,11 @@ impl TreeRecipe {
         if !(1..=MAX_BAGS).contains(&bags) {
             return Err(format!("bags={bags} is not in 1..={MAX_BAGS}"));
         }
+        if ndcg_at > 0 && objective != TreeObjective::Lambdarank {
+            return Err(format!(
+                "ndcg_at={ndcg_at} weighs ranked pairs: it needs objective=lambdarank, not {objective}"
+            ));
+        }
         Ok(())
     }
 }
@@ -157,7 +170,12 @@ impl fmt::Display for TreeRecipe {
             self.colsample,
             self.bags,
             self.objective
-        )
+        )?;
+        // Only where set, so recipes from before it print as they did.
+        if self.ndcg_at > 0 {
+            write!(f, ",ndcg_at={}", self.ndcg_at)?;
+        }
+        Ok(())
     }
 }
 
@@ -186,9 +204,10 @@ impl FromStr for TreeRecipe {
                 "colsample" => r.colsample = value.parse().map_err(|e| bad(&e))?,
                 "bags" => r.bags = value.parse().map_err(|e| bad(&e))?,
                 "objective" => r.objective = value.parse().map_err(|e| bad(&e))?,
+                "ndcg_at" => r.ndcg_at = value.parse().map_err(|e| bad(&e))?,
                 _ => {
                     return Err(format!(
-                        "unknown key `{key}` (rounds, depth, rate, subsample, colsample, bags, objective)"
+                        "unknown key `{key}` (rounds, depth, rate, subsample, colsample, bags, objective, ndcg_at)"
                     ));
                 }
             }
@@ -428,7 +447,8 @@ impl Gbt {
             let mut scores = base.map_or_else(|| vec![0.0; n], <[f64]>::to_vec);
             let mut summed: Option<GradientBooster> = None;
             for round in 0..recipe.rounds as u64 {
-                let (grad, hess) = lambda_gradients(&members, relevance, &scores, n);
+                let (grad, hess) =
+                    lambda_gradients(&members, relevance, &scores, n, recipe.ndcg_at);
                 let mean_hess = hess.iter().sum::<f64>() / n as f64;
                 if !(mean_hess.is_finite() && mean_hess > 0.0) {
                     break; // every pair tied or no pair at all: nothing left to learn
@@ -667,15 +687,24 @@ const RANKED_PAIRS_FROM_TOP: usize = 1024;
 /// LambdaRank's gradient and hessian of every row (zero outside `members`): for each pair of
 /// a group with `relevance[i] > relevance[j]`, the logistic pair loss on `scores[i] -
 /// scores[j]` weighted by the change in the group's NDCG (gains the relevances, positions
-/// from the current scores) that swapping the two would make.
+/// from the current scores) that swapping the two would make; NDCG at `ndcg_at` places
+/// where that is not 0 (a place below them discounts to nothing).
 fn lambda_gradients(
     members: &[Vec<usize>],
     relevance: &[f64],
     scores: &[f64],
     n: usize,
+    ndcg_at: usize,
 ) -> (Vec<f64>, Vec<f64>) {
     use rayon::prelude::*;
-    let discount = |rank: usize| 1.0 / (rank as f64 + 2.0).log2();
+    let places = if ndcg_at == 0 { usize::MAX } else { ndcg_at };
+    let discount = |rank: usize| {
+        if rank < places {
+            1.0 / (rank as f64 + 2.0).log2()
+        } else {
+            0.0
+        }
+    };
     let per_group: Vec<Vec<(usize, f64, f64)>> = members
         .par_iter()
         .map(|m| {
@@ -707,7 +736,7 @@ fn lambda_gradients(
                 out[b].1 += g;
                 out[b].2 += h;
             };
-            if m.len() <= RANKED_PAIRS_FROM_TOP {
+            if m.len() <= RANKED_PAIRS_FROM_TOP && places >= m.len() {
                 for a in 0..m.len() {
                     for b in 0..m.len() {
                         if relevance[m[a]] > relevance[m[b]] {
@@ -716,10 +745,13 @@ fn lambda_gradients(
                     }
                 }
             } else {
-                // A larger group (datasets hold ~200 records a task; a long tuning log may
-                // hold many more) learns only from pairs with a member among the
-                // current top: LightGBM's truncation, which bounds a round's work.
-                for (p, &a) in order.iter().enumerate().take(RANKED_PAIRS_FROM_TOP) {
+                // Only pairs with a member among the current top move the NDCG at `places`;
+                // a larger group (datasets hold ~200 records a task; a long tuning log may
+                // hold many more) learns only from those of the top
+                // `RANKED_PAIRS_FROM_TOP` too: LightGBM's truncation, which bounds a
+                // round's work.
+                let top = places.min(RANKED_PAIRS_FROM_TOP);
+                for (p, &a) in order.iter().enumerate().take(top) {
                     for &b in &order[p + 1..] {
                         match relevance[m[a]].total_cmp(&relevance[m[b]]) {
                             std::cmp::Ordering::Greater => pair(a, b),
@@ -923,6 +955,11 @@ mod tests {
             ("bags=0", "bags=0"),
             ("bags=65", "bags=65"),
             ("objective=xendcg", "unknown objective `xendcg`"),
+            ("ndcg_at=-5", "ndcg_at=`-5`"),
+            (
+                "objective=regression,ndcg_at=5",
+                "needs objective=lambdarank",
+            ),
         ] {
             let e = bad.parse::<TreeRecipe>().unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");
@@ -934,6 +971,27 @@ mod tests {
             ..TreeRecipe::default()
         };
         assert!(Gbt::fit_with(&x, &[0.0; 4], None, 1, &bad).is_err());
+    }
+
+    #[test]
+    fn ndcg_at_k_learns_nothing_from_pairs_below_the_top_k() {
+        // One task of five rows, scored 5..1 from row 0 down. Rows 0 and 1 hold the top two
+        // places and are the least relevant; rows 2, 3 and 4 sit below them.
+        let relevance = [1.0, 1.0, 6.0, 2.0, 7.0];
+        let members = vec![(0..5).collect::<Vec<usize>>()];
+        let gradient_of_row_3 = |scores: &[f64], ndcg_at: usize| {
+            lambda_gradients(&members, &relevance, scores, 5, ndcg_at).0[3]
+        };
+        // Rows 2 and 4 trade scores, both staying below the top two.
+        let (before, after) = ([5.0, 4.0, 3.0, 2.0, 1.0], [5.0, 4.0, 1.5, 2.0, 3.5]);
+        // At NDCG@2, row 3 learns only from its pairs with rows 0 and 1: to rise.
+        let at_2 = gradient_of_row_3(&before, 2);
+        assert!(at_2 < 0.0, "{at_2}");
+        assert_eq!(at_2.to_bits(), gradient_of_row_3(&after, 2).to_bits());
+        // Over the whole task its pairs with rows 2 and 4 count too.
+        assert_ne!(gradient_of_row_3(&before, 0), gradient_of_row_3(&after, 0));
+        // A cut at or past the task's size is the whole task.
+        assert_eq!(gradient_of_row_3(&before, 5), gradient_of_row_3(&before, 0));
     }
 
     /// What forust itself predicts for `x`: each booster over a column-major copy, tree by
@@ -1171,9 +1229,14 @@ mod tests {
             colsample in 1e-3f64..=1.0,
             bags in 1usize..=MAX_BAGS,
             ranked in proptest::bool::ANY,
+            places in 0usize..50,
         ) {
-            let objective = if ranked { TreeObjective::Lambdarank } else { TreeObjective::Regression };
-            let r = TreeRecipe { rounds, depth, rate, subsample, colsample, bags, objective };
+            let (objective, ndcg_at) = if ranked {
+                (TreeObjective::Lambdarank, places)
+            } else {
+                (TreeObjective::Regression, 0)
+            };
+            let r = TreeRecipe { rounds, depth, rate, subsample, colsample, bags, objective, ndcg_at };
             proptest::prop_assert_eq!(r.to_string().parse::<TreeRecipe>(), Ok(r));
         }
 

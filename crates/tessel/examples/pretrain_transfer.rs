@@ -61,6 +61,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         mode: "all".into(),
         epochs,
         seed: 1,
+        correction_trees: tessel::model::ensemble::CORRECTION_RECIPE,
         force: false,
     };
     let moved = tessel::transfer(&transfer, &mut notes)?;

@@ -61,7 +61,7 @@ pub struct HeldOutOptions {
     #[cfg_attr(feature = "clap", arg(long))]
     pub no_ablation: bool,
     /// How the ensemble's trees are grown
-    /// (`rounds=,depth=,rate=,subsample=,colsample=,bags=,objective=`; as `pretrain --trees`).
+    /// (`rounds=,depth=,rate=,subsample=,colsample=,bags=,objective=,ndcg_at=`; as `pretrain --trees`).
     /// The trees baseline keeps the default recipe (TenSet's: regression).
     #[cfg_attr(feature = "clap", arg(long, default_value_t = TreeRecipe::ensemble()))]
     pub trees: TreeRecipe,

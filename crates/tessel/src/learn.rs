@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use tessel_features::WIDTH;
 use tessel_model::ensemble::{CORRECTION_RECIPE, MixChoice};
-use tessel_model::gbt::TreeRecipe;
+use tessel_model::gbt::{TreeObjective, TreeRecipe};
 use tessel_model::metrics::PairedGain;
 use tessel_model::train::{
     Comparison, Trainable, compare_with_trees, gbt_rank, rank, rank_ensemble, ridge_rank,
@@ -74,7 +74,7 @@ pub struct PretrainOptions {
     #[cfg_attr(feature = "clap", arg(long))]
     pub no_ensemble: bool,
     /// How the ensemble's trees are grown:
-    /// `rounds=,depth=,rate=,subsample=,colsample=,bags=,objective=` (keys left out keep the
+    /// `rounds=,depth=,rate=,subsample=,colsample=,bags=,objective=,ndcg_at=` (keys left out keep the
     /// default; `bags` > 1 averages boosters grown on their own samples, which needs
     /// `subsample` < 1 to differ; `objective=lambdarank` grows LambdaMART trees that learn
     /// the order within each task, `regression` fits log relative throughput).
@@ -356,6 +356,11 @@ pub struct TransferOptions {
     /// Seed of the split, the shots and the batches.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 1))]
     pub seed: u64,
+    /// How the correction of the carried ensemble is grown on the shots (the candidate
+    /// `pretrained+trees+correction`): a `--trees` recipe of `objective=lambdarank`
+    /// (keys left out keep LambdaMART's defaults, not this default's).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = CORRECTION_RECIPE))]
+    pub correction_trees: TreeRecipe,
     /// Overwrite the model files at `out` if they exist.
     #[cfg_attr(feature = "clap", arg(long))]
     pub force: bool,
@@ -393,6 +398,8 @@ pub struct TransferReport {
     /// The pretrained network with its own trees and a correction learned on the shots
     /// (`Companions::corrected`). None without trees or when nothing could be fitted.
     pub pretrained_corrected: Option<Metrics>,
+    /// How that correction was grown (`--correction-trees`).
+    pub correction_trees: TreeRecipe,
     /// A model of the same shape trained from scratch on the same records.
     pub scratch: Comparison,
     /// What was saved: `pretrained+trees` (the pretrained model with its own trees: as it
@@ -527,6 +534,17 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
         other => bail!("mode `{other}`: expected all or head"),
     };
     check_training(o.epochs.max(1), 1e-3)?;
+    // A correction that cannot be fitted is left out without a word (the shots may hold too
+    // little); a recipe that can never fit one is the user's to hear about.
+    o.correction_trees
+        .check()
+        .map_err(|e| crate::error::Error::invalid(format!("--correction-trees: {e}")))?;
+    if o.correction_trees.objective != TreeObjective::Lambdarank {
+        bail!(
+            "--correction-trees: objective={} cannot learn an order from the carried scores (use objective=lambdarank)",
+            o.correction_trees.objective
+        );
+    }
     refuse_overwrite(&o.out, o.force)?;
     let mut model = load_model(&o.model)?;
     // The pretrained model's trees were fitted on the other platform's records: candidates
@@ -563,7 +581,8 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
         ..TrainOptions::default()
     };
     let fine_opts = transfer_options(trainable, &pre);
-    progress.start("models", 6);
+    // Five steps, the first (two folds of every candidate) the longest.
+    progress.start("steps", 5);
     // Fine-tuning can make a model worse (TenSet's users saw transfer slow ResNet-50 down on
     // a new device). Which candidate to keep is decided on the shots alone: half of their
     // tasks train, the other half validate, and the other way round. The test tasks are
@@ -576,13 +595,14 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
         &pre,
         &fine_opts,
         o.seed,
+        &o.correction_trees,
     )?;
-    progress.update(3, "fine-tuning");
+    progress.update(1, "fine-tuning");
     let mut fine = model.duplicate()?;
     if !shots.samples.is_empty() {
         train(&mut fine, &shots, &fine_opts, &mut |_| {})?;
     }
-    progress.update(4, "trees on the shots");
+    progress.update(2, "trees on the shots");
     let mut fine_ensemble = fit_on_shots(&fine, &shots, o.seed)?;
     // The baselines (ridge and trees on the shots, roofline, random) are the same for every
     // model: fitted once, the trees being the ensemble's where they were fitted.
@@ -600,8 +620,9 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
     let before_ensemble = pretrained_trees
         .as_mut()
         .map(|m| metrics::evaluate(&rank_ensemble(m, &test)));
+    progress.update(3, "correcting the carried trees");
     let mut corrected = match &source_trees {
-        Some(trees) => corrected_on(&mut model, trees, &shots, o.seed)?,
+        Some(trees) => corrected_on(&mut model, trees, &shots, o.seed, &o.correction_trees)?,
         None => None,
     };
     let pretrained_corrected = corrected
@@ -611,7 +632,7 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
     let fine_tuned_pretrained_trees = fine_source
         .as_mut()
         .map(|m| metrics::evaluate(&rank_ensemble(m, &test)));
-    progress.update(5, "from scratch");
+    progress.update(4, "from scratch");
     let mut scratch_model = Model::new(model.config().clone(), o.seed)?;
     if !shots.samples.is_empty() {
         train(&mut scratch_model, &shots, &pre, &mut |_| {})?;
@@ -665,6 +686,7 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
         "shots": o.shots,
         "shots_per_task": o.shots_per_task,
         "mode": o.mode,
+        "correction_trees": o.correction_trees.to_string(),
         "chosen": chosen,
         "validation": validation,
     });
@@ -682,6 +704,7 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
         fine_tuned_ensemble,
         fine_tuned_pretrained_trees,
         pretrained_corrected,
+        correction_trees: o.correction_trees,
         scratch,
         chosen: chosen.to_string(),
         validation,
@@ -713,7 +736,7 @@ fn fit_on_shots(model: &Model, shots: &Dataset, seed: u64) -> Result<Option<Mode
 }
 
 /// A copy of `model` with `trees` beside it and a correction of the two fitted on `shots`
-/// ([`Companions::corrected`], [`CORRECTION_RECIPE`]); None when the shots hold no task of
+/// ([`Companions::corrected`], grown by `recipe`); None when the shots hold no task of
 /// two records to learn an order from or the fit fails (as [`fit_on_shots`]: a candidate
 /// that cannot be made is left out, the transfer goes on).
 fn corrected_on(
@@ -721,12 +744,13 @@ fn corrected_on(
     trees: &std::sync::Arc<Companions>,
     shots: &Dataset,
     seed: u64,
+    recipe: &TreeRecipe,
 ) -> Result<Option<Model>> {
     if shots.by_task().iter().all(|t| t.len() < 2) {
         return Ok(None);
     }
     let scores = model.predict(&sample_tokens(shots));
-    match trees.corrected(shots, &scores, seed, &CORRECTION_RECIPE) {
+    match trees.corrected(shots, &scores, seed, recipe) {
         Ok(corrected) => Ok(Some(with_companions(
             model,
             &std::sync::Arc::new(corrected),
@@ -810,6 +834,7 @@ fn validate_transfer(
     pre: &TrainOptions,
     fine_opts: &TrainOptions,
     seed: u64,
+    correction: &TreeRecipe,
 ) -> Result<Option<TransferValidation>> {
     let usable: Vec<usize> = shots
         .by_task()
@@ -850,7 +875,7 @@ fn validate_transfer(
                 &val,
             ));
             fine_trees_r.extend(rank_ensemble(&mut with_companions(&f, trees)?, &val));
-            if let Some(mut c) = corrected_on(pretrained, trees, &fit, seed)? {
+            if let Some(mut c) = corrected_on(pretrained, trees, &fit, seed, correction)? {
                 corrected_r.extend(rank_ensemble(&mut c, &val));
             }
         }

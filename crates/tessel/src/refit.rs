@@ -61,7 +61,7 @@ pub struct RefitOptions {
     #[cfg_attr(feature = "clap", arg(long))]
     pub force: bool,
     /// How the ensemble's trees are grown:
-    /// `rounds=,depth=,rate=,subsample=,colsample=,bags=,objective=` (keys left out keep the
+    /// `rounds=,depth=,rate=,subsample=,colsample=,bags=,objective=,ndcg_at=` (keys left out keep the
     /// default; `bags` > 1 averages boosters grown on their own samples, which needs
     /// `subsample` < 1 to differ; `objective=lambdarank` grows LambdaMART trees that learn
     /// the order within each task, `regression` fits log relative throughput).

@@ -232,6 +232,7 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
         mode: "all".into(),
         epochs: 1,
         seed: 1,
+        correction_trees: tessel::model::ensemble::CORRECTION_RECIPE,
         force: false,
     };
     // One record a task orders nothing; more shots than the half holds are an error.
@@ -248,6 +249,25 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
         .to_string();
         assert!(err.contains(says), "{err}");
     }
+    // A correction grown as a regression cannot learn an order from the carried scores:
+    // refused before anything is trained, not left out without a word.
+    let regression = tessel::model::gbt::TreeRecipe {
+        objective: tessel::model::gbt::TreeObjective::Regression,
+        ..tessel::model::ensemble::CORRECTION_RECIPE
+    };
+    let err = tessel::transfer(
+        &TransferOptions {
+            correction_trees: regression,
+            ..options.clone()
+        },
+        &mut NoProgress,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("--correction-trees") && err.contains("lambdarank"),
+        "{err}"
+    );
     let transfer = tessel::transfer(&options, &mut NoProgress).unwrap();
     assert_eq!(transfer.shots, 6);
     assert_eq!(transfer.test_tasks, 1);
