@@ -87,6 +87,19 @@ pub const CORRECTION_RECIPE: TreeRecipe = TreeRecipe {
     ndcg_at: 0,
 };
 
+/// Whether `recipe` can grow a correction: a valid recipe of LambdaMART trees, the only
+/// objective that learns an order from the carried scores; the reason when not.
+pub fn check_correction_recipe(recipe: &TreeRecipe) -> Result<(), String> {
+    recipe.check()?;
+    if recipe.objective != TreeObjective::Lambdarank {
+        return Err(format!(
+            "objective={} cannot learn an order from the carried scores (use objective=lambdarank)",
+            recipe.objective
+        ));
+    }
+    Ok(())
+}
+
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Scales {
     pub model: f64,
@@ -280,12 +293,8 @@ impl Companions {
         seed: u64,
         recipe: &TreeRecipe,
     ) -> Result<Companions, ModelError> {
-        if recipe.objective != TreeObjective::Lambdarank {
-            return Err(ModelError::Data(format!(
-                "a correction learns an order from the carried scores: objective={} cannot (use lambdarank)",
-                recipe.objective
-            )));
-        }
+        check_correction_recipe(recipe)
+            .map_err(|e| ModelError::Data(format!("correction: {e}")))?;
         if model_scores.len() != data.samples.len() {
             return Err(ModelError::Data(format!(
                 "{} model scores for {} records",
@@ -472,12 +481,8 @@ impl Companions {
             .iter()
             .enumerate()
             .map(|(i, c)| {
-                if c.recipe.objective != TreeObjective::Lambdarank {
-                    return Err(format(format!(
-                        "correction {i}: objective={}, a correction is lambdarank",
-                        c.recipe.objective
-                    )));
-                }
+                check_correction_recipe(&c.recipe)
+                    .map_err(|e| format(format!("correction {i}: {e}")))?;
                 Ok(Correction {
                     trees: Arc::new(
                         checked_trees(&c.trees, &c.recipe, columns)
@@ -488,7 +493,7 @@ impl Companions {
                     tasks: c.tasks,
                 })
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, ModelError>>()?;
         let s = file.scales;
         if ![s.model, s.trees].iter().all(|v| v.is_finite() && *v > 0.0) {
             return Err(format(format!("scales {s:?} must be positive numbers")));

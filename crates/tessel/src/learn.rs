@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use tessel_features::WIDTH;
-use tessel_model::ensemble::{CORRECTION_RECIPE, MixChoice};
-use tessel_model::gbt::{TreeObjective, TreeRecipe};
+use tessel_model::ensemble::{CORRECTION_RECIPE, MixChoice, check_correction_recipe};
+use tessel_model::gbt::TreeRecipe;
 use tessel_model::metrics::PairedGain;
 use tessel_model::train::{
     Comparison, Trainable, compare_with_trees, gbt_rank, rank, rank_ensemble, ridge_rank,
@@ -536,15 +536,8 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
     check_training(o.epochs.max(1), 1e-3)?;
     // A correction that cannot be fitted is left out without a word (the shots may hold too
     // little); a recipe that can never fit one is the user's to hear about.
-    o.correction_trees
-        .check()
+    check_correction_recipe(&o.correction_trees)
         .map_err(|e| crate::error::Error::invalid(format!("--correction-trees: {e}")))?;
-    if o.correction_trees.objective != TreeObjective::Lambdarank {
-        bail!(
-            "--correction-trees: objective={} cannot learn an order from the carried scores (use objective=lambdarank)",
-            o.correction_trees.objective
-        );
-    }
     refuse_overwrite(&o.out, o.force)?;
     let mut model = load_model(&o.model)?;
     // The pretrained model's trees were fitted on the other platform's records: candidates
