@@ -111,6 +111,14 @@ enum Command {
         #[command(flatten)]
         json: Json,
     },
+    /// The mappings of today's schedule space that a dataset's tasks have no record of
+    /// (records sampled before the space changed), with the command that fills them.
+    Coverage {
+        #[command(flatten)]
+        opts: tessel::CoverageOptions,
+        #[command(flatten)]
+        json: Json,
+    },
     /// Joins dataset shards into one file, each candidate once (its latest record).
     Merge {
         #[arg(long)]
@@ -309,6 +317,10 @@ fn run(cli: Cli) -> Result<()> {
         Command::Remeasure { opts, json } => {
             let report = tessel::remeasure(&opts, &mut Bar::new(!json.json))?;
             json.show(&report, |r| print::remeasure(r, &opts))?;
+        }
+        Command::Coverage { opts, json } => {
+            let report = tessel::coverage(&opts, &mut Bar::new(!json.json))?;
+            json.show(&report, |r| print::coverage(r, &opts))?;
         }
         Command::SearchEval { opts, json } => {
             let report = tessel::search_eval(&opts, &mut Bar::new(!json.json))?;

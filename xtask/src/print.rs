@@ -3,9 +3,9 @@
 use anyhow::Result;
 use tessel::model::train::Comparison;
 use tessel::{
-    BenchReport, DatasetOptions, DatasetReport, Emit, EvalReport, MeasureReport, PretrainReport,
-    RemeasureOptions, RemeasureReport, SearchEvalReport, SimCheckReport, TransferReport,
-    TuneOptions, TuneReport, TuningRecord,
+    BenchReport, CoverageOptions, CoverageReport, DatasetOptions, DatasetReport, Emit, EvalReport,
+    MeasureReport, PretrainReport, RemeasureOptions, RemeasureReport, SearchEvalReport,
+    SimCheckReport, TransferReport, TuneOptions, TuneReport, TuningRecord,
 };
 
 fn opt(x: Option<f64>, precision: usize) -> String {
@@ -257,6 +257,63 @@ fn ratio_mark(model_missed: usize, random_missed: usize) -> &'static str {
         (true, false) => "<=",
         (true, true) => "~",
     }
+}
+
+/// Tasks of a coverage report printed, and missing mappings of each.
+const COVERAGE_TASKS: usize = 30;
+const COVERAGE_MAPPINGS: usize = 2;
+
+pub fn coverage(r: &CoverageReport, opts: &CoverageOptions) {
+    println!(
+        "{}: {} records of {} tasks, checked against today's schedule space",
+        opts.data.display(),
+        r.records,
+        r.tasks
+    );
+    for (target, n) in &r.unchecked {
+        println!("  {n} records of target `{target}` not checked (no CPU platform in the target)");
+    }
+    if r.outside > 0 {
+        println!(
+            "{} records use a mapping today's space no longer offers (cut, or described otherwise since)",
+            r.outside
+        );
+    }
+    if r.gaps.is_empty() {
+        println!("every task has records of every mapping its space offers");
+        return;
+    }
+    println!(
+        "{} tasks have no record of some mapping today's space offers:",
+        r.gaps.len()
+    );
+    println!("  records  mappings  missing  task (platform)");
+    for g in r.gaps.iter().take(COVERAGE_TASKS) {
+        println!(
+            "  {:>7}  {:>8}  {:>7}  {} ({})",
+            g.records,
+            g.mappings,
+            g.missing.len(),
+            g.workload,
+            g.platform
+        );
+        for m in g.missing.iter().take(COVERAGE_MAPPINGS) {
+            println!("{:>30}{m}", "");
+        }
+        if g.missing.len() > COVERAGE_MAPPINGS {
+            println!(
+                "{:>30}... and {} more",
+                "",
+                g.missing.len() - COVERAGE_MAPPINGS
+            );
+        }
+    }
+    if r.gaps.len() > COVERAGE_TASKS {
+        println!("  ... and {} more tasks", r.gaps.len() - COVERAGE_TASKS);
+    }
+    println!(
+        "(--json lists every task and mapping.) To fill a task: cargo xtask dataset --workload W --platform P --per-task 200 --seed S --out new.jsonl, then append new.jsonl to the dataset"
+    );
 }
 
 pub fn remeasure(r: &RemeasureReport, opts: &RemeasureOptions) {

@@ -205,6 +205,7 @@ fn files_that_are_missing_or_not_regular_are_named() {
         vec!["sim-check", "--data", "nope.jsonl", "--device", "h200"],
         vec!["pretrain", "--data", "nope.jsonl", "--out", "m"],
         vec!["export", "--log", "nope.jsonl", "--out", "k"],
+        vec!["coverage", "--data", "nope.jsonl"],
     ] {
         let e = refused(&args, &dir);
         assert!(
@@ -229,6 +230,11 @@ fn files_that_are_missing_or_not_regular_are_named() {
         &dir,
     );
     assert!(e.contains("network filter removed every record"), "{e}");
+    let e = refused(
+        &["coverage", "--data", SCALAR, "--network", "vit-b16"],
+        &dir,
+    );
+    assert!(e.contains("no record of the --network tasks"), "{e}");
 }
 
 #[test]

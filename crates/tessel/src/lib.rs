@@ -7,7 +7,8 @@
 //! - [`tune`]: search the schedule space of a workload or a network on a [`Target`], rank
 //!   candidates with the learned cost model, measure the best, log every record.
 //! - [`dataset`] and [`merge`]: random schedules of every task, measured, as records;
-//!   [`remeasure`]: chosen records measured again, superseding the old ones.
+//!   [`remeasure`]: chosen records measured again, superseding the old ones; [`coverage`]:
+//!   the mappings of today's space a dataset's tasks have no record of.
 //! - [`pretrain`], [`transfer`] and [`eval`]: the attention cost model on those records;
 //!   [`held_out`]: TenSet's protocol; [`search_eval`]: tuning with the model against tuning
 //!   at random, in trials to the best.
@@ -41,6 +42,7 @@
 #![deny(missing_docs)]
 
 mod bench;
+mod coverage;
 mod data;
 mod dataset;
 mod error;
@@ -60,6 +62,7 @@ mod tune;
 mod worker;
 
 pub use bench::{BENCH_HEADER, BenchOptions, BenchReport, BenchRow, bench_cpu, bench_row_line};
+pub use coverage::{CoverageOptions, CoverageReport, TaskGap, coverage};
 pub use data::{Encoding, load, load_encoded, network_filter, network_filter_except, strict_read};
 pub use dataset::{
     CANARY_EVERY, CanaryReport, DatasetOptions, DatasetReport, dataset, merge, parse_shard,
