@@ -104,13 +104,9 @@ pub fn coverage(o: &CoverageOptions, progress: &mut dyn Progress) -> Result<Cove
     let mut outside = 0usize;
     for (i, ((workload, platform), used)) in tasks.iter().enumerate() {
         progress.update(i as u64, workload);
-        let spaced = platform_space(workload, platform)
+        let space = platform_space(workload, platform)
             .with_context(|| format!("{}: task {workload} on {platform}", o.data.display()))?;
-        let offered: Vec<String> = spaced
-            .mappings()
-            .iter()
-            .map(|m| format!("{}: {}", m.intrinsic.id, m.mapping))
-            .collect();
+        let offered: Vec<String> = space.mappings().iter().map(|m| m.label()).collect();
         let missing: Vec<String> = offered
             .iter()
             .filter(|l| !used.contains_key(&Some((*l).clone())))
@@ -238,11 +234,7 @@ mod tests {
     #[test]
     fn a_task_sampled_from_one_mapping_misses_every_other() {
         let space = platform_space(CONV, "avx2-fma").unwrap();
-        let first = format!(
-            "{}: {}",
-            space.mappings()[0].intrinsic.id,
-            space.mappings()[0].mapping
-        );
+        let first = space.mappings()[0].label();
         assert!(
             space.mappings().len() > 1,
             "the test needs several mappings"
@@ -263,7 +255,7 @@ mod tests {
         let space = platform_space(CONV, "avx2-fma").unwrap();
         let mut all = Vec::new();
         for m in space.mappings() {
-            let label = format!("{}: {}", m.intrinsic.id, m.mapping);
+            let label = m.label();
             let mut one = records(1, |l| l == Some(label.as_str()));
             // Distinct schedules: a later record of the same one would supersede it.
             one.retain(|r| all.iter().all(|a: &TuningRecord| a.trace != r.trace));

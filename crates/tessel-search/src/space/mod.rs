@@ -111,6 +111,14 @@ pub struct SpaceMapping {
     pub mapping: Mapping,
 }
 
+impl SpaceMapping {
+    /// `instruction: mapping`, as records carry it (`TuningRecord::mapping`); `coverage`
+    /// matches records to today's mappings by it.
+    pub fn label(&self) -> String {
+        format!("{}: {}", self.intrinsic.id, self.mapping)
+    }
+}
+
 /// The space of one operator.
 pub struct Space {
     pub(crate) op: ComputeOp,
@@ -244,10 +252,9 @@ impl Space {
     /// A one-line description of the mapping a sketch uses.
     pub fn mapping_label(&self, s: &Sketch) -> Option<String> {
         match s {
-            Sketch::Tensorized { mapping, .. } | Sketch::TensorCore { mapping, .. } => self
-                .mappings
-                .get(*mapping)
-                .map(|m| format!("{}: {}", m.intrinsic.id, m.mapping)),
+            Sketch::Tensorized { mapping, .. } | Sketch::TensorCore { mapping, .. } => {
+                self.mappings.get(*mapping).map(SpaceMapping::label)
+            }
             Sketch::Scalar { .. } | Sketch::Simt { .. } => None,
         }
     }
