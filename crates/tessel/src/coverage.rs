@@ -12,9 +12,10 @@ use std::path::PathBuf;
 use serde::Serialize;
 use tessel_intrin::CpuPlatform;
 use tessel_ir::Workload;
-use tessel_search::{InstructionSet, Space, supersede};
+use tessel_search::{Space, supersede};
 
 use crate::data::{network_filter, strict_read};
+use crate::dataset::platform_instruction_set;
 use crate::error::{Context, Result, bail};
 use crate::progress::Progress;
 
@@ -150,12 +151,7 @@ pub fn coverage(o: &CoverageOptions, progress: &mut dyn Progress) -> Result<Cove
 fn platform_space(workload: &str, platform: &str) -> Result<Space> {
     let w: Workload = workload.parse()?;
     w.validate()?;
-    let p = CpuPlatform::named(platform)?;
-    let set = if p.instructions.is_empty() {
-        InstructionSet::None
-    } else {
-        InstructionSet::Only(p.instructions.iter().map(|s| s.to_string()).collect())
-    };
+    let set = platform_instruction_set(CpuPlatform::named(platform)?);
     Ok(Space::new(&w.to_op(), &set))
 }
 

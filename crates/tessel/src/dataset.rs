@@ -274,6 +274,22 @@ fn dataset_target(o: &DatasetOptions) -> Result<DatasetTarget> {
     })
 }
 
+/// The instructions a CPU platform's space draws from: its own, or none (the compiler-
+/// vectorized fallback alone) for a platform without any.
+pub(crate) fn platform_instruction_set(platform: &CpuPlatform) -> InstructionSet {
+    if platform.instructions.is_empty() {
+        InstructionSet::None
+    } else {
+        InstructionSet::Only(
+            platform
+                .instructions
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        )
+    }
+}
+
 fn cpu_dataset_target(o: &DatasetOptions, topts: &TargetOptions) -> Result<DatasetTarget> {
     let catalog = Catalog::default();
     let host = HostCpu::detect();
@@ -287,19 +303,8 @@ fn cpu_dataset_target(o: &DatasetOptions, topts: &TargetOptions) -> Result<Datas
             platform.name
         );
     }
-    let set = if platform.instructions.is_empty() {
-        InstructionSet::None
-    } else {
-        InstructionSet::Only(
-            platform
-                .instructions
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-        )
-    };
     Ok(DatasetTarget {
-        set,
+        set: platform_instruction_set(platform),
         types: platform.types()?,
         label: format!("cpu:{}", platform.name),
         name: platform.name.to_string(),
