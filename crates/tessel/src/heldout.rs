@@ -119,6 +119,32 @@ pub struct NetworkScores {
     pub records: usize,
     /// Every ranker on its tasks.
     pub scores: Scores,
+    /// Each task's top-1 pick by the ensemble, the network alone and the trees baseline,
+    /// those where the ensemble loses the network's top-1 score most first.
+    pub picks: Vec<HeldOutPicks>,
+}
+
+/// One test task's favourite by the ensemble, the network alone and the trees baseline:
+/// where a network's top-1 is lost, and whether either part would have picked better.
+#[derive(Clone, Debug, Serialize)]
+pub struct HeldOutPicks {
+    /// The task's workload spec.
+    pub workload: String,
+    /// How often it occurs in the network.
+    pub weight: f64,
+    /// Its records.
+    pub records: usize,
+    /// The task's best measured latency.
+    pub best_s: f64,
+    /// The measured latency of the ensemble's favourite.
+    pub ensemble_s: f64,
+    /// ... of the network's alone.
+    pub model_s: f64,
+    /// ... of the trees baseline's.
+    pub trees_s: f64,
+    /// This task's share of the ensemble's top-1 loss on the network (`sum(w * (chosen -
+    /// best))` over its tasks).
+    pub loss_share: f64,
 }
 
 /// The protocol's result.
@@ -253,6 +279,13 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
                 .collect()
         };
         let model_r = pick(&ranked);
+        let picks = task_picks(
+            mine.iter()
+                .map(|&(i, _)| workload_of(test_ids[i]).to_string()),
+            &pick(&together),
+            &model_r,
+            &pick(&gbt),
+        );
         networks.push(NetworkScores {
             network: name.clone(),
             tasks: mine.len(),
@@ -267,6 +300,7 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
                 ensemble: metrics::evaluate(&pick(&together)),
                 random: metrics::random_baseline(&model_r, 20, o.seed),
             },
+            picks,
         });
     }
     let average = Scores {
@@ -293,6 +327,37 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
     })
 }
 
+/// Each task's favourite by the three rankers (one network's tasks, in the same order in each),
+/// the ensemble's costliest first.
+fn task_picks(
+    workloads: impl Iterator<Item = String>,
+    ensemble: &[Ranked],
+    model: &[Ranked],
+    trees: &[Ranked],
+) -> Vec<HeldOutPicks> {
+    let shares = metrics::top1_loss_shares(ensemble);
+    let chosen = |r: &Ranked| metrics::best_and_chosen(r, 1).map(|(_, c)| c);
+    let mut picks: Vec<HeldOutPicks> = workloads
+        .zip(ensemble.iter().zip(model).zip(trees))
+        .zip(shares)
+        .filter_map(|((workload, ((e, m), t)), loss_share)| {
+            let (best_s, ensemble_s) = metrics::best_and_chosen(e, 1)?;
+            Some(HeldOutPicks {
+                workload,
+                weight: e.weight,
+                records: e.latency.len(),
+                best_s,
+                ensemble_s,
+                model_s: chosen(m)?,
+                trees_s: chosen(t)?,
+                loss_share,
+            })
+        })
+        .collect();
+    picks.sort_by(|a, b| b.loss_share.total_cmp(&a.loss_share));
+    picks
+}
+
 fn mean(ms: impl Iterator<Item = Metrics>) -> Metrics {
     let all: Vec<Metrics> = ms.collect();
     let n = all.len().max(1) as f64;
@@ -301,5 +366,49 @@ fn mean(ms: impl Iterator<Item = Metrics>) -> Metrics {
         top5: all.iter().map(|m| m.top5).sum::<f64>() / n,
         pairwise_accuracy: all.iter().map(|m| m.pairwise_accuracy).sum::<f64>() / n,
         kendall_tau: all.iter().map(|m| m.kendall_tau).sum::<f64>() / n,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ranked(weight: f64, predicted: &[f64], latency: &[f64]) -> Ranked {
+        Ranked {
+            weight,
+            predicted: predicted.to_vec(),
+            latency: latency.to_vec(),
+        }
+    }
+
+    #[test]
+    fn picks_put_the_task_that_costs_the_ensemble_most_first() {
+        // Task a: the ensemble picks 2 ms where 1 ms was there (weight 1: 1 ms lost).
+        // Task b: it picks 3 ms where 1 ms was there, twice in the network (4 ms lost).
+        // Task c: it picks the best.
+        let ensemble = [
+            ranked(1.0, &[1.0, 0.0], &[2e-3, 1e-3]),
+            ranked(2.0, &[1.0, 0.0], &[3e-3, 1e-3]),
+            ranked(1.0, &[0.0, 1.0], &[2e-3, 1e-3]),
+        ];
+        let flipped: Vec<Ranked> = ensemble
+            .iter()
+            .map(|r| ranked(r.weight, &[r.predicted[1], r.predicted[0]], &r.latency))
+            .collect();
+        let picks = task_picks(
+            ["a", "b", "c"].map(String::from).into_iter(),
+            &ensemble,
+            &flipped,
+            &ensemble,
+        );
+        let order: Vec<&str> = picks.iter().map(|p| p.workload.as_str()).collect();
+        assert_eq!(order[..2], ["b", "a"]);
+        assert!((picks[0].loss_share - 0.8).abs() < 1e-12, "{:?}", picks[0]);
+        assert!((picks[1].loss_share - 0.2).abs() < 1e-12, "{:?}", picks[1]);
+        assert_eq!(picks[2].loss_share, 0.0);
+        // The network alone (flipped) picks each task's other candidate.
+        assert_eq!((picks[0].ensemble_s, picks[0].model_s), (3e-3, 1e-3));
+        assert_eq!(picks[0].trees_s, picks[0].ensemble_s);
+        assert_eq!((picks[2].ensemble_s, picks[2].model_s), (1e-3, 2e-3));
     }
 }

@@ -69,7 +69,9 @@ pub use dataset::{
 };
 pub use error::{Context, Error, Result};
 pub use export::{ExportOptions, ExportReport, ExportedKernel, export};
-pub use heldout::{HeldOutOptions, HeldOutReport, NetworkScores, Scores, TEST_NETWORKS, held_out};
+pub use heldout::{
+    HeldOutOptions, HeldOutPicks, HeldOutReport, NetworkScores, Scores, TEST_NETWORKS, held_out,
+};
 pub use learn::{
     Against, Architecture, DEFAULT_SHOTS_PER_TASK, EvalOptions, EvalReport, HELD_OUT_NETWORKS,
     MIN_VALIDATION_PAIRS, MIN_VALIDATION_TASKS, PretrainOptions, PretrainReport, SHIPPED_DATASETS,

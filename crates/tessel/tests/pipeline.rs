@@ -867,6 +867,17 @@ fn held_out_networks_are_never_trained_on_and_are_scored_per_network() {
     ] {
         assert!((0.0..=1.0).contains(&m.top1) && m.top5 >= m.top1, "{m:?}");
     }
+    // The one task's picks are what its top-1 figures say.
+    let [p] = n.picks.as_slice() else {
+        panic!("one task, one set of picks: {:?}", n.picks)
+    };
+    assert_eq!(p.workload, "bmm:b=2,m=128,n=64,k=128,dtype=f32");
+    assert_eq!(p.records, n.records);
+    assert!((p.best_s / p.ensemble_s - n.scores.ensemble.top1).abs() < 1e-9);
+    assert!((p.best_s / p.model_s - n.scores.model.top1).abs() < 1e-9);
+    assert!((p.best_s / p.trees_s - n.scores.gbt.top1).abs() < 1e-9);
+    let lost = p.ensemble_s > p.best_s;
+    assert_eq!(p.loss_share, if lost { 1.0 } else { 0.0 }, "{p:?}");
     // A test network without records, an unknown one, and data that is all test: errors.
     for (nets, why) in [
         (
