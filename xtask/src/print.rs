@@ -709,23 +709,34 @@ pub fn held_out(r: &tessel::HeldOutReport) {
     }
     row("average", String::new(), &r.average);
     // Top-1 is weighted by latency: one heavy task picked badly can decide a network.
-    println!(
-        "where the ensemble's top-1 loses most (share of its loss on the network; chosen / best latency of each ranker):"
-    );
-    for n in &r.networks {
-        for p in n.picks.iter().filter(|p| p.loss_share > 0.0).take(3) {
-            println!(
-                "  {:<16} {:5.1}%  ensemble {:.2}x  model {:.2}x  trees {:.2}x  best {:.3} ms (x{})  {}",
-                n.network,
-                100.0 * p.loss_share,
-                p.ensemble_s / p.best_s,
-                p.model_s / p.best_s,
-                p.trees_s / p.best_s,
-                1e3 * p.best_s,
-                p.weight,
-                p.workload
-            );
-        }
+    let losing = r
+        .networks
+        .iter()
+        .flat_map(|n| {
+            n.picks
+                .iter()
+                .filter(|p| p.loss_share > 0.0)
+                .take(3)
+                .map(move |p| (n, p))
+        })
+        .collect::<Vec<_>>();
+    if !losing.is_empty() {
+        println!(
+            "where the ensemble's top-1 loses most (share of its loss on the network; chosen / best latency of each ranker):"
+        );
+    }
+    for (n, p) in losing {
+        println!(
+            "  {:<16} {:5.1}%  ensemble {:.2}x  model {:.2}x  trees {:.2}x  best {:.3} ms (x{})  {}",
+            n.network,
+            100.0 * p.loss_share,
+            p.ensemble_s / p.best_s,
+            p.model_s / p.best_s,
+            p.trees_s / p.best_s,
+            1e3 * p.best_s,
+            p.weight,
+            p.workload
+        );
     }
 }
 
