@@ -278,13 +278,13 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
                 })
                 .collect()
         };
-        let model_r = pick(&ranked);
+        let (model_r, trees_r, ensemble_r) = (pick(&ranked), pick(&gbt), pick(&together));
         let picks = task_picks(
             mine.iter()
                 .map(|&(i, _)| workload_of(test_ids[i]).to_string()),
-            &pick(&together),
+            &ensemble_r,
             &model_r,
-            &pick(&gbt),
+            &trees_r,
         );
         networks.push(NetworkScores {
             network: name.clone(),
@@ -295,9 +295,9 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
                 model: metrics::evaluate(&model_r),
                 primitives: prim_ranked.as_ref().map(|p| metrics::evaluate(&pick(p))),
                 ridge: metrics::evaluate(&pick(&ridge)),
-                gbt: metrics::evaluate(&pick(&gbt)),
+                gbt: metrics::evaluate(&trees_r),
                 roofline: metrics::evaluate(&pick(&roofline)),
-                ensemble: metrics::evaluate(&pick(&together)),
+                ensemble: metrics::evaluate(&ensemble_r),
                 random: metrics::random_baseline(&model_r, 20, o.seed),
             },
             picks,
