@@ -52,7 +52,7 @@ def onednn_args(kind, kv, layout):
         return ["matmul", dt, kv["m"], kv["n"], kv["k"], "0.5"]
     if kind == "conv2d":
         return ["conv", dt, kv["n"], kv["h"], kv["w"], kv["c"], kv["k"], kv["r"], kv["s"],
-                kv.get("stride", "1"), kv.get("pad", "0"), layout, "0.5"]
+                kv.get("stride", "1"), kv.get("pad", "0"), layout, "0.5", kv.get("groups", "1")]
     sys.exit(f"no oneDNN primitive here for `{kind}`")
 
 

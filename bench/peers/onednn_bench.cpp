@@ -102,11 +102,19 @@ int main(int argc, char **argv) {
                     st = atol(argv[10]), pad = atol(argv[11]);
         bool any = std::string(argv[12]) == "any";
         if (argc > 13) min_s = atof(argv[13]);
+        // Grouped and depthwise convolutions (groups = C): weights {G, K/G, C/G, R, S}.
+        memory::dim G = argc > 14 ? atol(argv[14]) : 1;
+        if (G < 1 || C % G != 0 || K % G != 0) {
+            fprintf(stderr, "groups %ld must divide C %ld and K %ld\n", (long)G, (long)C, (long)K);
+            return 2;
+        }
         memory::dim P = (H + 2 * pad - R) / st + 1, Q = (W + 2 * pad - S) / st + 1;
         memory::desc src_plain({N, C, H, W}, a_dt, tag::nhwc), dst_plain({N, K, P, Q}, c_dt, tag::nhwc);
         memory::desc src_md = any ? memory::desc({N, C, H, W}, a_dt, tag::any) : src_plain;
         memory::desc dst_md = any ? memory::desc({N, K, P, Q}, c_dt, tag::any) : dst_plain;
-        memory::desc w_any({K, C, R, S}, b_dt, tag::any), w_plain({K, C, R, S}, b_dt, tag::ohwi);
+        memory::dims w_dims = G == 1 ? memory::dims{K, C, R, S} : memory::dims{G, K / G, C / G, R, S};
+        memory::desc w_any(w_dims, b_dt, tag::any),
+            w_plain(w_dims, b_dt, G == 1 ? tag::ohwi : tag::gohwi);
         convolution_forward::desc cd(prop_kind::forward_inference, algorithm::convolution_direct,
                                      src_md, w_any, dst_md, {st, st}, {pad, pad}, {pad, pad});
         convolution_forward::primitive_desc pd(cd, eng);
@@ -119,10 +127,10 @@ int main(int argc, char **argv) {
         std::unordered_map<int, memory> args{{DNNL_ARG_SRC, Src}, {DNNL_ARG_WEIGHTS, Wt},
                                              {DNNL_ARG_DST, Dst}, {DNNL_ARG_SCRATCHPAD, scratch}};
         med = time_it(prim, s, args, min_s, &iters);
-        flop = 2.0 * N * P * Q * K * C * R * S;
+        flop = 2.0 * N * P * Q * K * (C / G) * R * S;
         impl = pd.impl_info_str();
     } else {
-        fprintf(stderr, "usage: %s matmul DTYPE M N K [s] | conv DTYPE N H W C K R S stride pad nhwc|any [s]\n", argv[0]);
+        fprintf(stderr, "usage: %s matmul DTYPE M N K [s] | conv DTYPE N H W C K R S stride pad nhwc|any [s [groups]]\n", argv[0]);
         return 2;
     }
     printf("RESULT {\"onednn\": \"%d.%d.%d\", \"median_ms\": %.5f, \"gflops\": %.2f, \"iters\": %zu, \"impl\": \"%s\"}\n",

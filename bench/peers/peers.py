@@ -105,7 +105,7 @@ def onednn_peer(kind, kv, isa, layout="nhwc"):
         args = ["matmul", "f32", kv["m"], kv["n"], kv["k"], "1.0"]
     else:
         args = ["conv", "f32", kv["n"], kv["h"], kv["w"], kv["c"], kv["k"], kv["r"], kv["s"],
-                kv.get("stride", "1"), kv.get("pad", "0"), layout, "1.0"]
+                kv.get("stride", "1"), kv.get("pad", "0"), layout, "1.0", kv.get("groups", "1")]
     out, _ = run([ONEDNN] + args, env)
     r = result_line(out)
     name = "oneDNN 2.6" + ("" if layout == "nhwc" else " (blocked layouts)")

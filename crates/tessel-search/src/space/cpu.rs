@@ -181,6 +181,103 @@ impl Space {
         Some(sketch)
     }
 
+    /// Two loop nests the C compiler vectorizes well where the instruction mappings do not:
+    /// depthwise and narrow grouped convolutions, whose every mapping broadcasts one
+    /// channel's input against a handful of output channels (2-10x behind such loops on Zen
+    /// 4, `fixtures/bench/loop-seeds-2026-12-06.txt`). Both tile the output's trailing
+    /// dimensions that also index the weights ([`Self::vector_vars`]: a convolution's groups
+    /// and channels, a GEMM's columns, contiguous in the output) up to `lanes` elements, up to
+    /// 8 of the next dimension (a row's pixels) around them, keep whole reductions (up to
+    /// 256), local accumulators and the outermost loop parallel, and store the weights with
+    /// those dimensions last, so the compiler's vectors read every operand contiguously.
+    /// 64 lanes are a depthwise convolution's best, 16 a grouped one's of 4 channels a group.
+    /// None for an operator without spatial variables. `seeds` offers them where the most
+    /// promising mapping leaves lanes empty or runs them across the output.
+    pub(super) fn loop_seeds(&self) -> Vec<Sketch> {
+        const ROW: u64 = 8;
+        let spatial = self.spatial();
+        if spatial.is_empty() {
+            return Vec::new();
+        }
+        let largest_divisor = |extent: u64, cap: u64| {
+            (1..=cap.min(extent).max(1))
+                .rev()
+                .find(|d| extent.is_multiple_of(*d))
+                .unwrap_or(1)
+        };
+        let shared = self.vector_vars();
+        let rtiles: Vec<u64> = self
+            .reductions()
+            .iter()
+            .map(|&v| largest_divisor(self.op.iter_vars[v].extent, 256))
+            .collect();
+        [64, 16]
+            .into_iter()
+            .map(|lanes| {
+                let mut tiles = vec![(1, 1); spatial.len()];
+                let mut left: u64 = lanes;
+                // Trailing dimensions shared with the second operand, while they fit whole.
+                let mut next = spatial.len();
+                while next > 0 && next > spatial.len() - shared.len() {
+                    next -= 1;
+                    let extent = self.op.iter_vars[spatial[next]].extent;
+                    let inner = largest_divisor(extent, left);
+                    tiles[next].1 = inner;
+                    left /= inner;
+                    if inner < extent {
+                        break;
+                    }
+                }
+                if next > 0 {
+                    let extent = self.op.iter_vars[spatial[next - 1]].extent;
+                    tiles[next - 1].1 = largest_divisor(extent, ROW);
+                }
+                Sketch::Scalar {
+                    tiles,
+                    rtiles: rtiles.clone(),
+                    parallel: true,
+                    local_acc: true,
+                    vectorize: true,
+                    unroll: None,
+                    cache_input: false,
+                    pack_weights: true,
+                }
+            })
+            .collect()
+    }
+
+    /// The output's trailing spatial variables that also index the second input (a
+    /// convolution's groups and channels, a GEMM's columns): where the compiler's vectors run
+    /// in a loop nest.
+    pub(super) fn vector_vars(&self) -> Vec<usize> {
+        let spatial = self.spatial();
+        let Some(b) = self.op.inputs.get(1) else {
+            return Vec::new();
+        };
+        let from = spatial
+            .iter()
+            .rposition(|&v| !b.depends_on(v))
+            .map_or(0, |i| i + 1);
+        spatial[from..].to_vec()
+    }
+
+    /// The second input's layout with the dimensions [`Self::vector_vars`] index stored last
+    /// (in their order), the rest first; None where it already is so.
+    pub(super) fn weights_vector_last(&self) -> Option<LayoutTransform> {
+        let b = self.op.inputs.get(1)?;
+        let vector = self.vector_vars();
+        let (last, first): (Vec<usize>, Vec<usize>) =
+            (0..b.indices.len()).partition(|&d| vector.iter().any(|&v| b.indices[d].depends_on(v)));
+        let order: Vec<usize> = first.into_iter().chain(last).collect();
+        if order.iter().enumerate().all(|(i, &d)| i == d) {
+            return None;
+        }
+        Some(LayoutTransform {
+            splits: Vec::new(),
+            order,
+        })
+    }
+
     pub(super) fn sample_scalar(&self, rng: &mut Rng) -> Sketch {
         let tiles = self
             .spatial()
@@ -210,6 +307,7 @@ impl Space {
                 None
             },
             cache_input: rng.chance(40),
+            pack_weights: rng.chance(50),
         }
     }
 
@@ -387,9 +485,12 @@ impl Space {
         tiles: &[(u64, u64)],
         rtiles: &[u64],
         (parallel, local_acc, vectorize, cache_input): (bool, bool, bool, bool),
-        unroll: Option<usize>,
+        (unroll, pack_weights): (Option<usize>, bool),
     ) -> Trace {
         let mut t = Trace::new();
+        if pack_weights && let Some(layout) = self.weights_vector_last() {
+            t.pack(1, layout);
+        }
         let spatial = self.spatial();
         let reductions = self.reductions();
         let name = |v: usize| self.op.iter_vars[v].name.clone();
@@ -437,17 +538,29 @@ impl Space {
 /// the instruction dimensions (large m and k leave room for register blocks and long
 /// reductions); then the bytes the transforms move.
 pub(super) fn promise(op: &ComputeOp, m: &Mapping) -> f64 {
-    let out = &op.output;
-    let last_n = m.dims[1].vars.last().and_then(|v| op.var_index(v));
-    let contiguous = last_n.is_some_and(|v| {
-        out.indices
-            .last()
-            .is_some_and(|e| e.terms.len() == 1 && e.coeff(v) == 1)
-    });
     let work = (m.dims[0].extent as f64 * m.dims[2].extent as f64).max(1.0);
     let waste = (m.padding_waste() * 100.0).round();
-    waste * 1e6 + if contiguous { 0.0 } else { 1e5 } - work.log2() * 1e3
+    waste * 1e6 + if lanes_along_output(op, m) { 0.0 } else { 1e5 } - work.log2() * 1e3
         + (m.transform_bytes() as f64 + 1.0).log2()
+}
+
+/// Whether the instruction's n (its vector lanes or tile columns) runs along the output's
+/// contiguous dimension.
+fn lanes_along_output(op: &ComputeOp, m: &Mapping) -> bool {
+    let last_n = m.dims[1].vars.last().and_then(|v| op.var_index(v));
+    last_n.is_some_and(|v| {
+        op.output
+            .indices
+            .last()
+            .is_some_and(|e| e.terms.len() == 1 && e.coeff(v) == 1)
+    })
+}
+
+/// Whether `m` fills the instruction's lanes along the output's contiguous dimension with no
+/// padding: where a space's most promising mapping does not, vectorized loops may beat it
+/// (depthwise convolutions, whose channels index every operand).
+pub(super) fn fills_lanes(op: &ComputeOp, m: &Mapping) -> bool {
+    m.padding_waste() == 0.0 && lanes_along_output(op, m)
 }
 
 /// Whether `m` is a direct convolution's mapping: reductions left outside the instruction (a

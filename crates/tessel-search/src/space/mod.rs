@@ -15,7 +15,7 @@ mod cpu;
 pub(crate) mod gpu;
 
 pub use cpu::max_accumulators;
-use cpu::promise;
+use cpu::{fills_lanes, promise};
 
 /// At most this many mappings per instruction (least padding first) enter the space.
 const MAX_MAPPINGS_PER_INSTRUCTION: usize = 8;
@@ -72,6 +72,12 @@ pub enum Sketch {
         /// Copy the first input's tile into a local buffer at the outer tile loops (zero
         /// padding included, so the inner loops read without bounds checks).
         cache_input: bool,
+        /// Copy the second input (the weights) once at the root with the dimensions that the
+        /// output's trailing variables index stored last, so the compiler's vectors read it
+        /// contiguously: a convolution's `W[g, k, r, s, c]` as `[r, s, c, g, k]`, a dense
+        /// layer's `B[n, k]` as `[k, n]` (where the weights already are so, nothing is copied).
+        #[serde(default, skip_serializing_if = "is_false")]
+        pack_weights: bool,
     },
     /// A GPU kernel on Tensor Cores (WMMA or mma.sync): blocks of `wm x wn` warps, each warp computing
     /// `fm x fn` instruction tiles; A and B staged in shared memory per `kc` k-steps.
@@ -281,8 +287,11 @@ impl Space {
     }
 
     /// Known-good sketches to measure first: the classic GEMM shape, the BLIS one and, for
-    /// convolutions, the direct one on the most promising mapping of each instruction (CPU
-    /// spaces; none on a GPU).
+    /// convolutions, the direct one on the most promising mapping of each instruction, and,
+    /// where the first instruction's most promising mapping pads its lanes or runs them
+    /// across the output, two vectorized loop nests after its seeds (CPU spaces; none on a
+    /// GPU).
+    /// The first instruction's classic sketch comes first.
     pub fn seeds(&self) -> Vec<Sketch> {
         if self.gpu {
             return Vec::new();
@@ -304,11 +313,21 @@ impl Space {
                     && cpu::direct_window(&self.op, &self.mappings[j].mapping)
             });
             found.extend(direct.and_then(|j| self.direct_tensorized(j)));
+            // The loops right after the first instruction's seeds, so that a search's first
+            // batch (which takes the first half-batch of seeds) always holds them; only where
+            // that instruction's most promising mapping pads its lanes or runs them across
+            // the output (a GEMM's classic sketch is 5-10x ahead of any loops).
+            if seen.len() == 1 && !fills_lanes(&self.op, &m.mapping) {
+                found.extend(self.loop_seeds());
+            }
             for s in found {
                 if !out.contains(&s) {
                     out.push(s);
                 }
             }
+        }
+        if self.mappings.is_empty() {
+            out.extend(self.loop_seeds());
         }
         out
     }
@@ -394,6 +413,7 @@ impl Space {
                 vectorize,
                 unroll,
                 cache_input,
+                pack_weights,
             } => {
                 let spatial = self.spatial();
                 let reductions = self.reductions();
@@ -408,10 +428,11 @@ impl Space {
                         let i = rng.below(rtiles.len() as u64) as usize;
                         rtiles[i] = pick(rng, self.op.iter_vars[reductions[i]].extent, 256);
                     }
-                    3 => match rng.below(3) {
+                    3 => match rng.below(4) {
                         0 => *parallel = !*parallel,
                         1 => *local_acc = !*local_acc,
-                        _ => *cache_input = !*cache_input,
+                        2 => *cache_input = !*cache_input,
+                        _ => *pack_weights = !*pack_weights,
                     },
                     _ => {
                         if rng.chance(50) || tiles.is_empty() {
@@ -495,6 +516,7 @@ impl Space {
                     vectorize,
                     unroll,
                     cache_input,
+                    pack_weights,
                 },
                 Sketch::Scalar {
                     tiles: bt,
@@ -504,6 +526,7 @@ impl Space {
                     vectorize: bvec,
                     unroll: bunroll,
                     cache_input: bcache,
+                    pack_weights: bpack,
                 },
             ) if tiles.len() == bt.len() && rtiles.len() == brt.len() => {
                 for (t, bt) in tiles.iter_mut().zip(bt) {
@@ -517,8 +540,10 @@ impl Space {
                     }
                 }
                 if rng.chance(50) {
-                    (*parallel, *local_acc, *vectorize, *unroll, *cache_input) =
-                        (*bpar, *bacc, *bvec, *bunroll, *bcache);
+                    (*parallel, *local_acc, *vectorize, *unroll) = (*bpar, *bacc, *bvec, *bunroll);
+                }
+                if rng.chance(50) {
+                    (*cache_input, *pack_weights) = (*bcache, *bpack);
                 }
             }
             (
@@ -660,11 +685,12 @@ impl Space {
                 vectorize,
                 unroll,
                 cache_input,
+                pack_weights,
             } => Ok(self.scalar_trace(
                 tiles,
                 rtiles,
                 (*parallel, *local_acc, *vectorize, *cache_input),
-                *unroll,
+                (*unroll, *pack_weights),
             )),
             Sketch::TensorCore { .. } | Sketch::Simt { .. } => self.gpu_trace(s),
         }
@@ -734,4 +760,8 @@ fn one() -> u64 {
 
 fn is_one(x: &u64) -> bool {
     *x == 1
+}
+
+fn is_false(x: &bool) -> bool {
+    !*x
 }
