@@ -340,7 +340,7 @@ fn loop_nest(space: &Space, s: &Sketch) -> String {
         .lines()
         .filter_map(|line| line.split_once(": ").map(|(_, step)| step))
         .filter(|step| {
-            ["split", "cache_read", "pack"]
+            ["split", "cache_read", "pack", "unroll"]
                 .iter()
                 .any(|p| step.starts_with(p))
         })
@@ -368,19 +368,33 @@ fn a_depthwise_convolution_is_seeded_with_the_loop_nests_that_vectorize_its_chan
         .filter(|s| matches!(s, Sketch::Scalar { .. }))
         .collect();
     assert_eq!(loops.len(), 2);
-    // 48 of the 144 channels (the largest divisor within 64 lanes) by 8 pixels of a row, the
-    // window whole, the input read in place; then 16 channels.
+    // 8 channels by 4 pixels of a row, those pixels and the 3x3 window unrolled so the 32
+    // accumulators stay in registers; then 48 of the 144 channels (the largest divisor within
+    // 64 lanes) by 8 pixels, not unrolled.
     let nests: Vec<String> = loops.iter().map(|s| loop_nest(&space, s)).collect();
     assert!(
-        nests[0].contains("split(q, [1, 8])") && nests[0].contains("split(g, [1, 48])"),
+        nests[0].contains("split(q, [1, 4])") && nests[0].contains("split(g, [1, 8])"),
         "{}",
         nests[0]
     );
     assert!(
-        nests[1].contains("split(q, [1, 8])") && nests[1].contains("split(g, [1, 16])"),
+        ["unroll(q.2)", "unroll(r.1)", "unroll(s.1)"]
+            .iter()
+            .all(|u| nests[0].contains(u)),
+        "{}",
+        nests[0]
+    );
+    assert!(
+        !nests[0].contains("unroll(g.2)") && !nests[0].contains("unroll(c.1)"),
+        "{}",
+        nests[0]
+    );
+    assert!(
+        nests[1].contains("split(q, [1, 8])") && nests[1].contains("split(g, [1, 48])"),
         "{}",
         nests[1]
     );
+    assert!(!nests[1].contains("unroll"), "{}", nests[1]);
     // Both store the weights W[g, k, r, s, c] as [r, s, c, g, k], contiguous along the vectors.
     for nest in &nests {
         assert!(!nest.contains("cache_read"), "{nest}");
@@ -399,7 +413,7 @@ fn a_depthwise_convolution_is_seeded_with_the_loop_nests_that_vectorize_its_chan
     let first_batch = &seeds[..seeds.len().min(SearchOptions::default().batch / 2)];
     assert!(loops.iter().all(|s| first_batch.contains(s)));
 
-    // A grouped convolution of 4 channels a group: 4 channels of 4 groups in the narrow nest.
+    // A grouped convolution of 4 channels a group.
     let op =
         "conv2d:n=1,h=40,w=40,c=128,k=128,r=3,s=3,stride=1,pad=1,groups=32,layout=nhwc,dtype=f32"
             .parse::<Workload>()
@@ -413,13 +427,15 @@ fn a_depthwise_convolution_is_seeded_with_the_loop_nests_that_vectorize_its_chan
         .map(|s| loop_nest(&space, &s))
         .collect::<Vec<_>>();
     assert_eq!(nests.len(), 2);
-    let narrow = &nests[1];
+    // 4 channels of 2 groups by 4 pixels, the 4 input channels of a group unrolled too.
+    let unrolled = &nests[0];
     assert!(
-        narrow.contains("split(k, [1, 4])")
-            && narrow.contains("split(g, [1, 4])")
-            && narrow.contains("split(q, [1, 8])"),
-        "{narrow}"
+        unrolled.contains("split(k, [1, 4])")
+            && unrolled.contains("split(g, [1, 2])")
+            && unrolled.contains("split(q, [1, 4])"),
+        "{unrolled}"
     );
+    assert!(unrolled.contains("unroll(c.1)"), "{unrolled}");
 }
 
 /// The seed that reads a convolution's input in place with the input channels alone in k.
@@ -951,6 +967,7 @@ fn loop_nests_store_the_weights_with_the_outputs_columns_last() {
             unroll: None,
             cache_input: false,
             pack_weights: true,
+            unroll_inner: false,
         }
     };
     // A dense layer's B[n, k] is read along n by the vectors: stored as [k, n].
@@ -965,6 +982,28 @@ fn loop_nests_store_the_weights_with_the_outputs_columns_last() {
     let want = op.reference(&inputs).unwrap();
     let (_, program) = space.lower(&s).unwrap();
     assert!(program.run(&inputs).unwrap().max_relative_error(&want) < 1e-5);
+    // Unrolling 4 rows by a 40-long reduction around 8 columns lays out 1,280 element
+    // operations: fine. 64 rows by the whole 1024-long reduction, 524,288: rejected before
+    // the compiler spends minutes on it.
+    let unrolled = |m_tile: u64, k_tile: u64| Sketch::Scalar {
+        tiles: vec![(1, m_tile), (1, 8)],
+        rtiles: vec![k_tile],
+        parallel: false,
+        local_acc: true,
+        vectorize: true,
+        unroll: None,
+        cache_input: false,
+        pack_weights: false,
+        unroll_inner: true,
+    };
+    assert!(space.check(&unrolled(4, 40)).is_ok());
+    let op = "dense:m=64,n=24,k=1024,dtype=f32"
+        .parse::<Workload>()
+        .unwrap()
+        .to_op();
+    let big = Space::new(&op, &InstructionSet::None);
+    let err = big.check(&unrolled(64, 1024)).unwrap_err();
+    assert!(err.contains("524288 element operations"), "{err}");
     // A GEMM's B[k, n] already is: nothing to copy.
     let op = "gemm:m=8,n=24,k=40,dtype=f32"
         .parse::<Workload>()

@@ -183,18 +183,18 @@ impl Space {
 
     /// Two loop nests the C compiler vectorizes well where the instruction mappings do not:
     /// depthwise and narrow grouped convolutions, whose every mapping broadcasts one
-    /// channel's input against a handful of output channels (2-10x behind such loops on Zen
+    /// channel's input against a handful of output channels (1.2-10x behind such loops on Zen
     /// 4, `fixtures/bench/loop-seeds-2026-12-06.txt`). Both tile the output's trailing
     /// dimensions that also index the weights ([`Self::vector_vars`]: a convolution's groups
-    /// and channels, a GEMM's columns, contiguous in the output) up to `lanes` elements, up to
-    /// 8 of the next dimension (a row's pixels) around them, keep whole reductions (up to
-    /// 256), local accumulators and the outermost loop parallel, and store the weights with
-    /// those dimensions last, so the compiler's vectors read every operand contiguously.
-    /// 64 lanes are a depthwise convolution's best, 16 a grouped one's of 4 channels a group.
+    /// and channels, a GEMM's columns, contiguous in the output) up to `lanes` elements and
+    /// the next dimension (a row's pixels) around them, keep whole reductions (up to 256),
+    /// local accumulators and the outermost loop parallel, and store the weights with those
+    /// dimensions last, so the compiler's vectors read every operand contiguously. The first
+    /// is a register block: 8 lanes by 4 pixels, those pixels and the reductions unrolled so
+    /// the accumulators stay in registers; the second 64 lanes by 8 pixels, not unrolled.
     /// None for an operator without spatial variables. `seeds` offers them where the most
     /// promising mapping leaves lanes empty or runs them across the output.
     pub(super) fn loop_seeds(&self) -> Vec<Sketch> {
-        const ROW: u64 = 8;
         let spatial = self.spatial();
         if spatial.is_empty() {
             return Vec::new();
@@ -211,9 +211,9 @@ impl Space {
             .iter()
             .map(|&v| largest_divisor(self.op.iter_vars[v].extent, 256))
             .collect();
-        [64, 16]
+        [(8, 4, true), (64, 8, false)]
             .into_iter()
-            .map(|lanes| {
+            .map(|(lanes, row, unroll_inner)| {
                 let mut tiles = vec![(1, 1); spatial.len()];
                 let mut left: u64 = lanes;
                 // Trailing dimensions shared with the second operand, while they fit whole.
@@ -230,7 +230,7 @@ impl Space {
                 }
                 if next > 0 {
                     let extent = self.op.iter_vars[spatial[next - 1]].extent;
-                    tiles[next - 1].1 = largest_divisor(extent, ROW);
+                    tiles[next - 1].1 = largest_divisor(extent, row);
                 }
                 Sketch::Scalar {
                     tiles,
@@ -241,9 +241,50 @@ impl Space {
                     unroll: None,
                     cache_input: false,
                     pack_weights: true,
+                    unroll_inner,
                 }
             })
             .collect()
+    }
+
+    /// The loops a loop nest's `unroll_inner` unrolls, with their extents: the inner tile's
+    /// loops but the vector ones, and the reductions' inner loops, where longer than 1.
+    pub(super) fn unrolled_inner(
+        &self,
+        tiles: &[(u64, u64)],
+        rtiles: &[u64],
+    ) -> Vec<(String, u64)> {
+        let vector = self.vector_vars();
+        let name = |v: usize| self.op.iter_vars[v].name.clone();
+        let spatial = self
+            .spatial()
+            .into_iter()
+            .zip(tiles)
+            .filter(|(v, t)| !vector.contains(v) && t.1 > 1)
+            .map(|(v, t)| (format!("{}.2", name(v)), t.1));
+        let reductions = self
+            .reductions()
+            .into_iter()
+            .zip(rtiles)
+            .filter(|(_, t)| **t > 1)
+            .map(|(v, t)| (format!("{}.1", name(v)), *t));
+        spatial.chain(reductions).collect()
+    }
+
+    /// The element operations `unroll_inner` would lay out straight in a loop nest: the copies
+    /// of its body times the elements of its vector tile, which the compiler vectorizes and
+    /// may unroll too.
+    pub(super) fn unrolled_work(&self, tiles: &[(u64, u64)], rtiles: &[u64]) -> u64 {
+        let vector = self.vector_vars();
+        let lanes = self
+            .spatial()
+            .iter()
+            .zip(tiles)
+            .filter(|(v, _)| vector.contains(v))
+            .fold(1u64, |n, (_, t)| n.saturating_mul(t.1));
+        self.unrolled_inner(tiles, rtiles)
+            .iter()
+            .fold(lanes, |n, l| n.saturating_mul(l.1))
     }
 
     /// The output's trailing spatial variables that also index the second input (a
@@ -279,7 +320,7 @@ impl Space {
     }
 
     pub(super) fn sample_scalar(&self, rng: &mut Rng) -> Sketch {
-        let tiles = self
+        let tiles: Vec<(u64, u64)> = self
             .spatial()
             .iter()
             .map(|&v| {
@@ -289,12 +330,14 @@ impl Space {
                 (middle, inner)
             })
             .collect();
-        let rtiles = self
+        let rtiles: Vec<u64> = self
             .reductions()
             .iter()
             .map(|&v| pick(rng, self.op.iter_vars[v].extent, 256))
             .collect();
         let n = self.spatial().len();
+        let unroll_inner =
+            rng.chance(30) && self.unrolled_work(&tiles, &rtiles) <= MAX_UNROLLED_WORK;
         Sketch::Scalar {
             tiles,
             rtiles,
@@ -308,6 +351,7 @@ impl Space {
             },
             cache_input: rng.chance(40),
             pack_weights: rng.chance(50),
+            unroll_inner,
         }
     }
 
@@ -485,7 +529,7 @@ impl Space {
         tiles: &[(u64, u64)],
         rtiles: &[u64],
         (parallel, local_acc, vectorize, cache_input): (bool, bool, bool, bool),
-        (unroll, pack_weights): (Option<usize>, bool),
+        (unroll, pack_weights, unroll_inner): (Option<usize>, bool, bool),
     ) -> Trace {
         let mut t = Trace::new();
         if pack_weights && let Some(layout) = self.weights_vector_last() {
@@ -523,6 +567,11 @@ impl Space {
                 && let Some(&v) = spatial.get(u)
             {
                 t.unroll(&format!("{}.1", name(v)));
+            }
+            if unroll_inner {
+                for (l, _) in self.unrolled_inner(tiles, rtiles) {
+                    t.unroll(&l);
+                }
             }
             if vectorize {
                 let last = spatial[spatial.len() - 1];
