@@ -333,6 +333,13 @@ fn the_direct_seed_of_a_convolution_keeps_the_window_outside_and_reads_the_input
     assert_eq!(space.seeds().len(), 2);
 }
 
+/// An operator and its space on the AVX2 FMA alone.
+fn fma_space(spec: &str) -> (tessel_ir::ComputeOp, Space) {
+    let op = spec.parse::<Workload>().unwrap().to_op();
+    let space = Space::new(&op, &InstructionSet::Only(vec!["avx2.vfmadd231ps".into()]));
+    (op, space)
+}
+
 /// The split factors and copies of a sketch's trace, as `tune --emit trace` would show them.
 fn loop_nest(space: &Space, s: &Sketch) -> String {
     let trace = space.trace(s).unwrap().to_string();
@@ -352,12 +359,9 @@ fn loop_nest(space: &Space, s: &Sketch) -> String {
 fn a_depthwise_convolution_is_seeded_with_the_loop_nests_that_vectorize_its_channels() {
     // MobileNet-V2's 64x64 depthwise layer at 256x256: every instruction mapping broadcasts
     // one channel's input, the compiler's loops over 144 channels run 2-10x faster.
-    let op =
-        "conv2d:n=1,h=64,w=64,c=144,k=144,r=3,s=3,stride=1,pad=1,groups=144,layout=nhwc,dtype=f32"
-            .parse::<Workload>()
-            .unwrap()
-            .to_op();
-    let space = Space::new(&op, &InstructionSet::Only(vec!["avx2.vfmadd231ps".into()]));
+    let (op, space) = fma_space(
+        "conv2d:n=1,h=64,w=64,c=144,k=144,r=3,s=3,stride=1,pad=1,groups=144,layout=nhwc,dtype=f32",
+    );
     let seeds = space.seeds();
     assert!(
         matches!(seeds[0], Sketch::Tensorized { .. }),
@@ -414,12 +418,9 @@ fn a_depthwise_convolution_is_seeded_with_the_loop_nests_that_vectorize_its_chan
     assert!(loops.iter().all(|s| first_batch.contains(s)));
 
     // A grouped convolution of 4 channels a group.
-    let op =
-        "conv2d:n=1,h=40,w=40,c=128,k=128,r=3,s=3,stride=1,pad=1,groups=32,layout=nhwc,dtype=f32"
-            .parse::<Workload>()
-            .unwrap()
-            .to_op();
-    let space = Space::new(&op, &InstructionSet::Only(vec!["avx2.vfmadd231ps".into()]));
+    let (_, space) = fma_space(
+        "conv2d:n=1,h=40,w=40,c=128,k=128,r=3,s=3,stride=1,pad=1,groups=32,layout=nhwc,dtype=f32",
+    );
     let nests = space
         .seeds()
         .into_iter()
