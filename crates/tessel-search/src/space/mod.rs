@@ -301,8 +301,7 @@ impl Space {
     /// convolutions, the direct one on the most promising mapping of each instruction, and,
     /// where the first instruction's most promising mapping pads its lanes or runs them
     /// across the output, two vectorized loop nests after its seeds (CPU spaces; none on a
-    /// GPU).
-    /// The first instruction's classic sketch comes first.
+    /// GPU). The first instruction's classic sketch comes first.
     pub fn seeds(&self) -> Vec<Sketch> {
         if self.gpu {
             return Vec::new();
