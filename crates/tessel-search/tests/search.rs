@@ -340,7 +340,7 @@ fn fma_space(spec: &str) -> (tessel_ir::ComputeOp, Space) {
     (op, space)
 }
 
-/// The split factors and copies of a sketch's trace, as `tune --emit trace` would show them.
+/// The splits, copies and unrolls of a sketch's trace, as `tune --emit trace` would show them.
 fn loop_nest(space: &Space, s: &Sketch) -> String {
     let trace = space.trace(s).unwrap().to_string();
     trace
