@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use tessel_features::WIDTH;
-use tessel_model::ensemble::{CORRECTION_RECIPE, MixChoice, check_correction_recipe};
+use tessel_model::ensemble::{MixChoice, check_correction_recipe};
 use tessel_model::gbt::TreeRecipe;
 use tessel_model::metrics::PairedGain;
 use tessel_model::train::{
@@ -359,7 +359,7 @@ pub struct TransferOptions {
     /// How the correction of the carried ensemble is grown on the shots (the candidate
     /// `pretrained+trees+correction`): a `--trees` recipe of `objective=lambdarank`
     /// (keys left out keep LambdaMART's defaults, not this default's).
-    #[cfg_attr(feature = "clap", arg(long, default_value_t = CORRECTION_RECIPE))]
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = tessel_model::ensemble::CORRECTION_RECIPE))]
     pub correction_trees: TreeRecipe,
     /// Overwrite the model files at `out` if they exist.
     #[cfg_attr(feature = "clap", arg(long))]
