@@ -63,13 +63,6 @@ impl Space {
         }
         let tiles = |d: usize, ext: u64| m.mapping.dims[d].extent.div_ceil(ext);
         let (mt, nt, kt) = (tiles(0, intr.m), tiles(1, intr.n), tiles(2, intr.k));
-        // The largest divisor of `extent` not above `cap` (1 divides everything).
-        let divisor_at_most = |extent: u64, cap: u64| {
-            (1..=cap.min(extent).max(1))
-                .rev()
-                .find(|d| extent.is_multiple_of(*d))
-                .unwrap_or(1)
-        };
         let nr = divisor_at_most(nt, if intr.registers >= 32 { 4 } else { 2 });
         let mr = (max_accumulators(intr) / nr).min(mt).max(1);
         let (a_bytes, b_bytes) = (intr.a.bytes() as u64, intr.b.bytes() as u64);
@@ -199,17 +192,11 @@ impl Space {
         if spatial.is_empty() {
             return Vec::new();
         }
-        let largest_divisor = |extent: u64, cap: u64| {
-            (1..=cap.min(extent).max(1))
-                .rev()
-                .find(|d| extent.is_multiple_of(*d))
-                .unwrap_or(1)
-        };
         let shared = self.vector_vars();
         let rtiles: Vec<u64> = self
             .reductions()
             .iter()
-            .map(|&v| largest_divisor(self.op.iter_vars[v].extent, 256))
+            .map(|&v| divisor_at_most(self.op.iter_vars[v].extent, 256))
             .collect();
         [(8, 4, true), (64, 8, false)]
             .into_iter()
@@ -217,11 +204,12 @@ impl Space {
                 let mut tiles = vec![(1, 1); spatial.len()];
                 let mut left: u64 = lanes;
                 // Trailing dimensions shared with the second operand, while they fit whole.
+                let first_shared = spatial.len() - shared.len();
                 let mut next = spatial.len();
-                while next > 0 && next > spatial.len() - shared.len() {
+                while next > first_shared {
                     next -= 1;
                     let extent = self.op.iter_vars[spatial[next]].extent;
-                    let inner = largest_divisor(extent, left);
+                    let inner = divisor_at_most(extent, left);
                     tiles[next].1 = inner;
                     left /= inner;
                     if inner < extent {
@@ -230,7 +218,7 @@ impl Space {
                 }
                 if next > 0 {
                     let extent = self.op.iter_vars[spatial[next - 1]].extent;
-                    tiles[next - 1].1 = largest_divisor(extent, row);
+                    tiles[next - 1].1 = divisor_at_most(extent, row);
                 }
                 Sketch::Scalar {
                     tiles,
@@ -580,6 +568,14 @@ impl Space {
         }
         t
     }
+}
+
+/// The largest divisor of `extent` not above `cap` (1 divides everything).
+fn divisor_at_most(extent: u64, cap: u64) -> u64 {
+    (1..=cap.min(extent).max(1))
+        .rev()
+        .find(|d| extent.is_multiple_of(*d))
+        .unwrap_or(1)
 }
 
 /// Lower is more promising: padding first; then whether the instruction's n (its vector
