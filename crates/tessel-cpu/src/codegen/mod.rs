@@ -29,6 +29,7 @@ use crate::error::CodegenError;
 mod instr;
 mod prepack;
 mod tensorize;
+mod version;
 
 pub use prepack::{Prepacked, generate_prepacked};
 
@@ -229,6 +230,14 @@ struct Gen<'p> {
     /// An innermost loop left to the vectorizer strides a large power of two
     /// ([`SLOW_VECTORIZER_STRIDE`]).
     slow_to_vectorize: bool,
+    /// Variables of the loops around the statement being emitted.
+    bound: Vec<usize>,
+    /// How many unrolled or vectorized loops enclose it (none may hold a versioned body).
+    special_depth: usize,
+    /// Inside a versioned body (one level of versioning only).
+    versioned: bool,
+    /// Bounds checks the enclosing versioned body's condition proves: left out.
+    proven: HashSet<String>,
 }
 
 impl<'p> Gen<'p> {
@@ -272,6 +281,10 @@ impl<'p> Gen<'p> {
             intrinsics,
             prepacked: None,
             slow_to_vectorize: false,
+            bound: Vec::new(),
+            special_depth: 0,
+            versioned: false,
+            proven: HashSet::new(),
         })
     }
 
@@ -355,7 +368,8 @@ impl<'p> Gen<'p> {
         terms.into_iter().rev().fold(Expr::Const(0), Expr::sum)
     }
 
-    /// Conditions under which every index of `r` is inside its buffer (empty when provably so).
+    /// Conditions under which every index of `r` is inside its buffer (empty when provably so,
+    /// by the index ranges or by an enclosing versioned body's condition).
     fn bounds(&self, r: &BufferRef) -> Vec<String> {
         let shape = &self.p.buffers[r.buffer].shape;
         let mut c = Vec::new();
@@ -368,7 +382,17 @@ impl<'p> Gen<'p> {
                 c.push(format!("{} < {n}", self.c_expr(e)));
             }
         }
+        c.retain(|x| !self.proven.contains(x));
         c
+    }
+
+    /// The conditions of `guards` that no enclosing versioned body proves.
+    fn guard_conds(&self, guards: &[tessel_ir::Guard]) -> Vec<String> {
+        guards
+            .iter()
+            .map(|g| self.guard_c(g))
+            .filter(|c| !self.proven.contains(c))
+            .collect()
     }
 
     fn in_bounds(&self, r: &BufferRef) -> bool {
@@ -525,7 +549,7 @@ impl<'p> Gen<'p> {
                 guards,
                 step,
             } => {
-                let g: Vec<String> = guards.iter().map(|g| self.guard_c(g)).collect();
+                let g = self.guard_conds(guards);
                 let (dt, st) = (
                     self.p.buffers[dst.buffer].dtype,
                     self.p.buffers[src.buffer].dtype,
@@ -567,7 +591,7 @@ impl<'p> Gen<'p> {
                 } else {
                     format!("{cur} + {}", ops.join(" * "))
                 };
-                let mut conds: Vec<String> = guards.iter().map(|g| self.guard_c(g)).collect();
+                let mut conds = self.guard_conds(guards);
                 conds.extend(self.bounds(acc));
                 let s = format!("{} = {};", self.element(acc), from_compute(&value, ct, at));
                 self.guarded(conds, &s);
@@ -604,7 +628,7 @@ impl<'p> Gen<'p> {
         let at = self.p.buffers[acc.buffer].dtype;
         let ct = compute_type(at);
         let dt = self.p.buffers[dst.buffer].dtype;
-        let mut conds: Vec<String> = guards.iter().map(|g| self.guard_c(g)).collect();
+        let mut conds = self.guard_conds(guards);
         conds.extend(self.bounds(dst));
         dedup(&mut conds);
         let head = if conds.is_empty() {
@@ -728,7 +752,7 @@ impl<'p> Gen<'p> {
         let h = self.loop_header(l);
         self.line(&h);
         self.depth += 1;
-        self.stmt(&l.body)?;
+        self.loop_body(l)?;
         self.depth -= 1;
         self.line("}");
         Ok(())
@@ -795,8 +819,11 @@ impl<'p> Gen<'p> {
             self.line(&h);
             self.depth += 1;
         }
-        let body = &chain[chain.len() - 1].body;
-        self.stmt(body)?;
+        let outer = chain.len() - 1;
+        self.bound.extend(chain[..outer].iter().map(|c| c.var));
+        let body = self.loop_body(chain[outer]);
+        self.bound.truncate(self.bound.len() - outer);
+        body?;
         for _ in &chain {
             self.depth -= 1;
             self.line("}");

@@ -241,6 +241,7 @@ impl Gen<'_> {
             .iter()
             .filter(|g| other.iter().all(|&v| !g.expr.uses(v)))
             .map(|g| self.guard_c(g))
+            .filter(|c| !self.proven.contains(c))
             .collect()
     }
 
