@@ -242,6 +242,26 @@ fn a_kernel_whose_innermost_loop_strides_a_large_power_of_two_asks_for_a_cheap_v
 }
 
 #[test]
+fn a_tiles_accumulator_outside_any_parallel_loop_lives_on_the_stack() {
+    // Static storage would make gcc store every accumulator update to memory; on the stack the
+    // tile may stay in registers.
+    let catalog = Catalog::default();
+    let w: Workload = "gemm:m=64,n=64,k=64,dtype=f32".parse().unwrap();
+    let mut t = tessel_ir::Trace::new();
+    t.split("m", &[4]).split("n", &[8]);
+    t.reorder(&["m.0", "n.0", "k", "m.1", "n.1"]);
+    t.cache_write(tessel_ir::Scope::new("local").unwrap(), Some("n.0"));
+    t.vectorize("n.1");
+    let program = t.lower(&w.to_op(), &catalog).unwrap();
+    let src = generate(&program, "k", &catalog).unwrap().source;
+    let acc = src
+        .lines()
+        .find(|l| l.contains("acc[32]"))
+        .expect("a 4x8 tile");
+    assert!(!acc.contains("static"), "{acc}");
+}
+
+#[test]
 fn a_kernels_digest_names_its_code_not_its_name() {
     let catalog = Catalog::default();
     let op = "gemm:m=64,n=64,k=64,dtype=f32"

@@ -50,6 +50,7 @@ void k_avx2_vfmadd231ps(void *const *args) {
             for (long n_0 = 0; n_0 < 1; ++n_0) {
                 for (long k_0 = 0; k_0 < 1; ++k_0) {
                     for (long n_1 = 0; n_1 < 1; ++n_1) {
+                        #pragma omp simd
                         for (long k_1 = 0; k_1 < 8; ++k_1) {
                             {
                                 float v = acc[p * 40 + q * 8 + n_0 * 8 + k_0 * 8 + n_1 * 8 + k_1];
