@@ -3,28 +3,11 @@
 
 mod common;
 
-use common::{CPU_INSTRUCTIONS, dtypes, measurer};
+use common::{CPU_INSTRUCTIONS, Rng, dtypes, measurer};
 use proptest::prelude::*;
 use tessel_intrin::{Catalog, match_op};
 use tessel_ir::{ComputeOp, IterKind, Scope, Trace, Workload};
 use tessel_measure::{Candidate, Measurer};
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 fn random_workload(rng: &mut Rng, types: &str) -> Workload {
     let d = |rng: &mut Rng, lo: u64, hi: u64| lo + rng.below(hi - lo + 1);

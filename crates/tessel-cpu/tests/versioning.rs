@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::measurer;
+use common::{Rng, measurer};
 use proptest::prelude::*;
 use tessel_cpu::generate;
 use tessel_intrin::Catalog;
@@ -92,17 +92,6 @@ fn a_convolution_without_padding_is_not_versioned() {
             .unwrap();
     let t = tiled(&w.to_op(), &[("q", 5), ("g", 8)], true);
     assert!(!source(&w, &t).contains(FAST_COPY));
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        if n == 0 { 0 } else { self.0 % n }
-    }
 }
 
 /// A random padded convolution (grouped or not, either layout) and a random tiling of it.

@@ -24,9 +24,9 @@
 //! Which loop: the innermost serial or parallel loop (never one inside an unrolled or
 //! vectorized loop) whose body holds unproven checks, one of them a read below zero (padding:
 //! a tile that only overruns a non-dividing split's end is left alone), and at least
-//! [`MIN_VERSION_WORK`] statement instances, so that one test is spread over a tile's work. Tensorized calls keep
-//! their own handling (they choose staging by the index ranges alone); their bounds checks
-//! drop out of the fast copy where the same condition is proven.
+//! [`MIN_VERSION_WORK`] statement instances, so that one test is spread over a tile's work.
+//! Tensorized calls keep their own handling (they choose staging by the index ranges alone);
+//! their bounds checks drop out of the fast copy where the same condition is proven.
 
 use std::collections::HashSet;
 
