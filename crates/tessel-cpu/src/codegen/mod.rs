@@ -368,25 +368,48 @@ impl<'p> Gen<'p> {
         terms.into_iter().rev().fold(Expr::Const(0), Expr::sum)
     }
 
-    /// Conditions under which every index of `r` is inside its buffer (empty when provably so,
-    /// by the index ranges or by an enclosing versioned body's condition).
-    fn bounds(&self, r: &BufferRef) -> Vec<String> {
+    /// The checks an index of `r` needs to stay inside its buffer: those the index ranges
+    /// alone do not prove.
+    fn index_checks<'r>(&self, r: &'r BufferRef) -> Vec<Check<'r>> {
         let shape = &self.p.buffers[r.buffer].shape;
         let mut c = Vec::new();
         for (e, &n) in r.index.iter().zip(shape) {
             let (lo, hi) = self.range(e);
             if lo < 0 {
-                c.push(format!("{} >= 0", self.c_expr(e)));
+                c.push(Check {
+                    expr: e,
+                    below: None,
+                });
             }
             if hi >= n as i64 {
-                c.push(format!("{} < {n}", self.c_expr(e)));
+                c.push(Check {
+                    expr: e,
+                    below: Some(n as i64),
+                });
             }
         }
-        c.retain(|x| !self.proven.contains(x));
         c
     }
 
-    /// The conditions of `guards` that no enclosing versioned body proves.
+    fn check_c(&self, c: &Check) -> String {
+        match c.below {
+            None => format!("{} >= 0", self.c_expr(c.expr)),
+            Some(n) => format!("{} < {n}", self.c_expr(c.expr)),
+        }
+    }
+
+    /// Conditions under which every index of `r` is inside its buffer (empty when provably so,
+    /// by the index ranges or by an enclosing versioned body's condition).
+    fn bounds(&self, r: &BufferRef) -> Vec<String> {
+        self.index_checks(r)
+            .iter()
+            .map(|c| self.check_c(c))
+            .filter(|c| !self.proven.contains(c))
+            .collect()
+    }
+
+    /// The conditions of `guards` that no enclosing versioned body proves (a split's guard
+    /// can be the same condition as a bounds check the test proves).
     fn guard_conds(&self, guards: &[tessel_ir::Guard]) -> Vec<String> {
         guards
             .iter()
@@ -855,6 +878,13 @@ impl<'p> Gen<'p> {
     }
 
     // ---- tensorized calls --------------------------------------------------------------
+}
+
+/// One bounds check of an index.
+struct Check<'e> {
+    expr: &'e Expr,
+    /// `expr >= 0` when `None`, `expr < bound` otherwise.
+    below: Option<i64>,
 }
 
 /// An innermost loop of 4 or more iterations around one store whose accesses all move by one

@@ -32,17 +32,10 @@ use std::collections::HashSet;
 
 use tessel_ir::{BufferRef, Expr, For, LoopKind, Stmt};
 
-use super::{CodegenError, Gen};
+use super::{Check, CodegenError, Gen};
 
 /// A versioned body must run at least this many statement instances per test.
 pub(super) const MIN_VERSION_WORK: u64 = 128;
-
-/// One bounds check, as [`Gen::bounds`] writes it.
-struct Check<'e> {
-    expr: &'e Expr,
-    /// `expr >= 0` when `None`, `expr < bound` otherwise.
-    below: Option<i64>,
-}
 
 impl<'p> Gen<'p> {
     /// Emits `l`'s body, versioned where [`Gen::version_plan`] finds a condition. `l`'s
@@ -53,7 +46,7 @@ impl<'p> Gen<'p> {
         if special {
             self.special_depth += 1;
         }
-        let plan = if special || self.special_depth > 0 || self.versioned {
+        let plan = if self.special_depth > 0 || self.versioned {
             None
         } else {
             self.version_plan(l)
@@ -100,11 +93,10 @@ impl<'p> Gen<'p> {
     /// The fast copy's condition and the checks it proves, where `l` (its variable already
     /// bound) is the loop to version.
     fn version_plan(&self, l: &For) -> Option<(Vec<String>, Vec<String>)> {
-        if !self.version_candidate(l) || self.candidate_inside(&l.body) {
+        let checks = self.candidate_checks(l)?;
+        if self.candidate_inside(&l.body) {
             return None;
         }
-        let mut checks = Vec::new();
-        self.collect_checks(&l.body, &mut checks);
         // Padding reads below zero somewhere; a tile that only overruns a non-dividing split's
         // end is not versioned (a dense layer's k split by 190 ran 1.25x slower versioned).
         if !checks.iter().any(|c| c.below.is_none()) {
@@ -118,16 +110,12 @@ impl<'p> Gen<'p> {
             // timed on a depthwise tile whose fused pixel index divides its inner loops, it
             // ran 1.3x slower than unversioned.
             let (lo, hi) = self.extremes(c.expr, &bound)?;
-            let (test, check) = match c.below {
-                None => (
-                    format!("{} >= 0", self.c_expr(&lo)),
-                    format!("{} >= 0", self.c_expr(c.expr)),
-                ),
-                Some(n) => (
-                    format!("{} < {n}", self.c_expr(&hi)),
-                    format!("{} < {n}", self.c_expr(c.expr)),
-                ),
-            };
+            let extreme = if c.below.is_none() { lo } else { hi };
+            let test = self.check_c(&Check {
+                expr: &extreme,
+                below: c.below,
+            });
+            let check = self.check_c(&c);
             if !proven.contains(&check) {
                 proven.push(check);
                 if !fast.contains(&test) {
@@ -138,18 +126,17 @@ impl<'p> Gen<'p> {
         (!proven.is_empty()).then_some((fast, proven))
     }
 
-    /// Whether `l` could be versioned: serial or parallel, enough work, and checks in its
-    /// body that the index ranges alone do not prove.
-    fn version_candidate(&self, l: &For) -> bool {
-        if !matches!(l.kind, LoopKind::Serial | LoopKind::Parallel) {
-            return false;
-        }
-        if work(&l.body) < MIN_VERSION_WORK {
-            return false;
+    /// Where `l` could be versioned (serial or parallel, enough work), the checks in its body
+    /// that the index ranges alone do not prove; `None` where it could not or there are none.
+    fn candidate_checks<'l>(&self, l: &'l For) -> Option<Vec<Check<'l>>> {
+        if !matches!(l.kind, LoopKind::Serial | LoopKind::Parallel)
+            || work(&l.body) < MIN_VERSION_WORK
+        {
+            return None;
         }
         let mut checks = Vec::new();
         self.collect_checks(&l.body, &mut checks);
-        !checks.is_empty()
+        (!checks.is_empty()).then_some(checks)
     }
 
     /// Whether a loop inside `s` (not inside an unrolled or vectorized one) is a candidate:
@@ -160,7 +147,7 @@ impl<'p> Gen<'p> {
             Stmt::Allocate { body, .. } => self.candidate_inside(body),
             Stmt::For(l) => {
                 !matches!(l.kind, LoopKind::Vectorized | LoopKind::Unrolled)
-                    && (self.version_candidate(l) || self.candidate_inside(&l.body))
+                    && (self.candidate_checks(l).is_some() || self.candidate_inside(&l.body))
             }
             _ => false,
         }
@@ -168,26 +155,10 @@ impl<'p> Gen<'p> {
 
     /// Every bounds check the statements of `s` would emit that the index ranges do not prove
     /// (tensorized calls apart). A non-dividing split's guards are not versioned: they stay in
-    /// both copies (a dense layer's versioned split ran 1.2x slower).
+    /// both copies (a dense layer's versioned split ran 1.2x slower), but where one is the very
+    /// condition of a proven bounds check, the fast copy drops it too.
     fn collect_checks<'s>(&self, s: &'s Stmt, out: &mut Vec<Check<'s>>) {
-        let refs = |r: &'s BufferRef, out: &mut Vec<Check<'s>>| {
-            let shape = &self.p.buffers[r.buffer].shape;
-            for (e, &n) in r.index.iter().zip(shape) {
-                let (lo, hi) = self.range(e);
-                if lo < 0 {
-                    out.push(Check {
-                        expr: e,
-                        below: None,
-                    });
-                }
-                if hi >= n as i64 {
-                    out.push(Check {
-                        expr: e,
-                        below: Some(n as i64),
-                    });
-                }
-            }
-        };
+        let refs = |r: &'s BufferRef, out: &mut Vec<Check<'s>>| out.extend(self.index_checks(r));
         match s {
             Stmt::Seq(v) => v.iter().for_each(|s| self.collect_checks(s, out)),
             Stmt::For(l) => self.collect_checks(&l.body, out),
