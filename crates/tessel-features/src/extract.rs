@@ -725,10 +725,17 @@ fn compute_token(
     let acc_bytes = program.op.accumulator.bytes() as f64;
     let (m, n, k, peak, flops) = match site.kind {
         SiteKind::Tensorized => {
-            let (_, intr) = site.call.expect("tensorized sites carry their call");
-            let peak = target.macs_per_cycle(intr);
-            let macs = (intr.m * intr.n * intr.k) as f64;
-            (intr.m, intr.n, intr.k, peak, 2.0 * macs * invocations)
+            let (call, intr) = site.call.expect("tensorized sites carry their call");
+            // A partial tile (an AMX tile of fewer rows) computes and peaks at its own rows.
+            let rows = call
+                .semantics
+                .iter_vars
+                .iter()
+                .find(|v| v.name == "m")
+                .map_or(intr.m, |v| v.extent.clamp(1, intr.m));
+            let peak = target.macs_per_cycle(intr) * rows as f64 / intr.m.max(1) as f64;
+            let macs = (rows * intr.n * intr.k) as f64;
+            (rows, intr.n, intr.k, peak, 2.0 * macs * invocations)
         }
         SiteKind::Vector | SiteKind::Scalar => {
             let lanes = if site.kind == SiteKind::Vector {

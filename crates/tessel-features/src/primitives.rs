@@ -30,7 +30,9 @@ fn kind(step: &Step) -> usize {
         Step::Bind { .. } => 6,
         Step::CacheRead { .. } => 7,
         Step::CacheWrite { .. } => 8,
-        Step::Pack { .. } => 9,
+        // A padded copy is a pack in the tensor's own layout (no kind of its own: the
+        // primitive tokens' width stays that of the models trained on them).
+        Step::Pack { .. } | Step::Pad { .. } => 9,
         Step::Cast { .. } => 10,
         Step::Tensorize { .. } => 11,
         Step::Pipeline { .. } => 12,
@@ -135,6 +137,7 @@ pub fn primitive_tokens(trace: &Trace) -> Vec<f32> {
                 p.extend(factors);
                 params(&mut t, &p);
             }
+            Step::Pad { operand } => params(&mut t, &[*operand as u64, 0]),
             Step::Cast { operand, dtype } => {
                 params(&mut t, &[*operand as u64, dtype.bytes() as u64])
             }

@@ -505,6 +505,33 @@ pub fn catalog() -> Vec<Intrinsic> {
     v
 }
 
+/// Instruction `id` on tiles of `rows` rows along m, where its tiles take fewer rows (AMX:
+/// 1 to 15; 16 is the catalog's own entry): the same id, m = `rows`, and a peak scaled by
+/// rows / 16 (a 14-row `tdpbf16ps` ran 0.92-1.0x the time of a 16-row one on an AMX guest,
+/// so the scaled peak is the conservative one). A trace tensorizes with the catalog's
+/// id, binding m to a loop of `rows`; the space uses this entry to size tiles and blocks.
+pub fn partial_rows(id: &str, rows: u64) -> Option<&'static Intrinsic> {
+    static PARTIAL: std::sync::OnceLock<Vec<Intrinsic>> = std::sync::OnceLock::new();
+    let all = PARTIAL.get_or_init(|| {
+        let mut v = Vec::new();
+        for i in catalog() {
+            if !matches!(i.memory[0].storage, Storage::AmxTile { .. }) {
+                continue;
+            }
+            for r in 1..i.m {
+                let mut p = i.clone();
+                p.m = r;
+                if let Some(t) = &mut p.throughput {
+                    t.macs_per_cycle = t.macs_per_cycle * r as f64 / i.m as f64;
+                }
+                v.push(p);
+            }
+        }
+        v
+    });
+    all.iter().find(|i| i.id == id && i.m == rows)
+}
+
 /// The catalog as an [`IntrinsicResolver`] for tessel-ir's tensorize step.
 #[derive(Clone, Debug)]
 pub struct Catalog {
@@ -532,6 +559,16 @@ impl Catalog {
 impl IntrinsicResolver for Catalog {
     fn resolve(&self, id: &str) -> Option<ComputeOp> {
         self.get(id).map(Intrinsic::semantics)
+    }
+
+    /// An AMX tile's rows are configurable (1-16): a tile of fewer rows along m lets a
+    /// convolution's tiles end where an image row ends (14 rows of a 56-pixel row), so its
+    /// input is read where it lies instead of copied per block.
+    fn accepts_fewer(&self, id: &str, var: &str) -> bool {
+        var == "m"
+            && self
+                .get(id)
+                .is_some_and(|i| matches!(i.memory[0].storage, Storage::AmxTile { .. }))
     }
 }
 

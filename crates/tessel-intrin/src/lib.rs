@@ -37,7 +37,7 @@ mod platform;
 pub use blocking::{
     accumulator_budget, busiest_register_block, largest_dividing_block, max_accumulators,
 };
-pub use catalog::{Catalog, catalog};
+pub use catalog::{Catalog, catalog, partial_rows};
 pub use desc::{
     Intrinsic, LayoutReq, MemLevel, OperandMemory, Platform, Requirement, Storage, Throughput,
 };

@@ -212,6 +212,13 @@ pub enum Step {
         operand: usize,
         layout: LayoutTransform,
     },
+    /// Copies input `operand` once at the root into a buffer spanning every index its reads
+    /// take, zeros where they leave the tensor (a padded convolution's border): reads of the
+    /// copy never leave it, so an instruction can load a tile of it in place where the
+    /// tensor's own border would mix zeros into the tile. Not with a pack of the same input.
+    Pad {
+        operand: usize,
+    },
     /// Converts input `operand` to `dtype` while it is copied once at the root (with its pack,
     /// if any): convert-on-pack, for an instruction whose operands are a wider type. Only
     /// exact widenings ([`crate::DType::widens_exactly_to`]); before any cache of the input.
@@ -263,6 +270,7 @@ impl fmt::Display for Step {
                 "pack(input {operand}, splits {:?}, order {:?})",
                 layout.splits, layout.order
             ),
+            Step::Pad { operand } => write!(f, "pad(input {operand})"),
             Step::Cast { operand, dtype } => write!(f, "cast(input {operand}, {dtype})"),
             Step::Tensorize {
                 intrinsic,
@@ -288,6 +296,13 @@ impl fmt::Display for Step {
 /// catalog implements this; `()` knows none, a map knows its entries.
 pub trait IntrinsicResolver {
     fn resolve(&self, id: &str) -> Option<ComputeOp>;
+
+    /// Whether instruction variable `var` of `id` may be bound to a loop shorter than its
+    /// extent: the instruction then runs on a partial tile (an AMX tile configured with fewer
+    /// rows). None may by default.
+    fn accepts_fewer(&self, _id: &str, _var: &str) -> bool {
+        false
+    }
 }
 
 impl IntrinsicResolver for () {
@@ -379,6 +394,11 @@ impl Trace {
 
     pub fn pack(&mut self, operand: usize, layout: LayoutTransform) -> &mut Self {
         self.push(Step::Pack { operand, layout })
+    }
+
+    /// Copies input `operand` once, padded, at the root ([`Step::Pad`]).
+    pub fn pad(&mut self, operand: usize) -> &mut Self {
+        self.push(Step::Pad { operand })
     }
 
     /// Converts input `operand` to `dtype` on its way to the computation ([`Step::Cast`]).

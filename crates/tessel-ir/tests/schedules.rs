@@ -330,6 +330,7 @@ fn the_generator_reaches_every_primitive() {
                 Step::CacheRead { .. } => "cache_read",
                 Step::CacheWrite { .. } => "cache_write",
                 Step::Pack { .. } => "pack",
+                Step::Pad { .. } => "pad",
                 Step::Cast { .. } => "cast",
                 Step::Tensorize { .. } => "tensorize",
                 Step::Pipeline { .. } => "pipeline",
@@ -338,7 +339,7 @@ fn the_generator_reaches_every_primitive() {
             seen.insert(name);
         }
     }
-    assert_eq!(seen.len(), 13, "{seen:?}");
+    assert_eq!(seen.len(), 14, "{seen:?}");
 }
 
 #[test]

@@ -125,7 +125,11 @@ fn sampling_reaches_every_mapping_and_the_fallback() {
             lowered += 1;
         }
         let m = space.mutate(&s, &mut rng);
-        assert!(space.check(&m).is_ok() || matches!(m, Sketch::Tensorized { .. }));
+        assert!(
+            space.check(&m).is_ok() || matches!(m, Sketch::Tensorized { .. }),
+            "{m}: {:?}",
+            space.check(&m)
+        );
     }
     assert_eq!(seen.len(), space.mappings().len());
     assert!(scalar);
@@ -440,6 +444,93 @@ fn a_depthwise_convolution_is_seeded_with_the_loop_nests_that_vectorize_its_chan
 }
 
 /// The seed that reads a convolution's input in place with the input channels alone in k.
+#[test]
+fn the_amx_direct_seed_ends_its_tiles_with_the_image_row_and_pads_the_input_once() {
+    // 56-pixel rows: 16-row tiles would cross rows (an im2col per call); the seed runs on
+    // the 14-row mapping, the input padded once at the root and read in place.
+    let op = "conv2d:n=1,h=56,w=56,c=64,k=64,r=3,s=3,stride=1,pad=1,layout=nhwc,dtype=bf16"
+        .parse::<Workload>()
+        .unwrap()
+        .to_op();
+    let space = Space::new(&op, &InstructionSet::Only(vec!["amx.tdpbf16ps".into()]));
+    let partial: Vec<String> = space
+        .mappings()
+        .iter()
+        .map(|m| m.label())
+        .filter(|l| l.contains("(14-row tiles)"))
+        .collect();
+    assert_eq!(partial.len(), 1, "{partial:?}");
+    let seed = space
+        .seeds()
+        .into_iter()
+        .find(|s| space.mapping_label(s).is_some_and(|l| l.contains("14-row")))
+        .expect("a seed on the 14-row mapping");
+    let (trace, program) = space.lower(&seed).unwrap();
+    let text = trace.to_string();
+    assert!(
+        text.contains("pad(input 0)") && !text.contains("cache_read"),
+        "{text}"
+    );
+    assert!(
+        text.contains("split(p_q, [") && text.contains(", 14])"),
+        "{text}"
+    );
+    assert!(program.to_string().contains("I_padded"), "{program}");
+    // A smaller image of the same shape computes the reference in the interpreter (rows of
+    // 14 again); an unpadded one reads the input in place, without a copy.
+    for (spec, padded) in [
+        (
+            "conv2d:n=1,h=14,w=14,c=32,k=32,r=3,s=3,stride=1,pad=1,layout=nhwc,dtype=bf16",
+            true,
+        ),
+        (
+            "conv2d:n=1,h=16,w=16,c=32,k=32,r=3,s=3,stride=1,pad=0,layout=nhwc,dtype=bf16",
+            false,
+        ),
+    ] {
+        let op = spec.parse::<Workload>().unwrap().to_op();
+        let space = Space::new(&op, &InstructionSet::Only(vec!["amx.tdpbf16ps".into()]));
+        let seed = space
+            .seeds()
+            .into_iter()
+            .find(|s| space.mapping_label(s).is_some_and(|l| l.contains("14-row")))
+            .unwrap_or_else(|| panic!("{spec}: no seed on 14-row tiles"));
+        let (trace, program) = space.lower(&seed).unwrap();
+        assert_eq!(
+            trace.to_string().contains("pad(input 0)"),
+            padded,
+            "{spec}: {trace}"
+        );
+        let inputs = op.random_inputs(5);
+        let want = op.reference(&inputs).unwrap();
+        assert!(
+            program.run(&inputs).unwrap().max_relative_error(&want) < 1e-3,
+            "{spec}: {trace}"
+        );
+    }
+    // Rows of 16 (a 32-wide image) need no partial tiles; vector instructions never get them.
+    for (spec, id) in [
+        (
+            "conv2d:n=1,h=32,w=32,c=32,k=32,r=3,s=3,stride=1,pad=1,layout=nhwc,dtype=bf16",
+            "amx.tdpbf16ps",
+        ),
+        (
+            "conv2d:n=1,h=14,w=14,c=32,k=32,r=3,s=3,stride=1,pad=1,layout=nhwc,dtype=bf16",
+            "avx512.vdpbf16ps",
+        ),
+    ] {
+        let op = spec.parse::<Workload>().unwrap().to_op();
+        let space = Space::new(&op, &InstructionSet::Only(vec![id.into()]));
+        assert!(
+            space
+                .mappings()
+                .iter()
+                .all(|m| !m.label().contains("-row tiles")),
+            "{spec}"
+        );
+    }
+}
+
 fn direct_seed(space: &Space) -> Option<Sketch> {
     space.seeds().into_iter().find(|s| {
         matches!(s, Sketch::Tensorized { cache_a: None, .. })

@@ -34,11 +34,20 @@ pub(super) struct Instr<'c> {
     pub(super) family: Family,
     /// K elements per 32-bit slot of B (AMX and VNNI-style layouts); 1 for plain FMA.
     pub(super) group: i64,
+    /// Rows of the tile the call computes: the instruction's m, or fewer for a partial AMX
+    /// tile (its A and C tiles configured with this many rows).
+    pub(super) rows: i64,
 }
 
 impl Instr<'_> {
     pub(super) fn m(&self) -> i64 {
-        self.intr.m as i64
+        self.rows
+    }
+
+    /// An AMX call on tiles of fewer than the instruction's 16 rows: its A and C tiles need
+    /// a tile configuration of their own ([`Gen::amx_tiles`]).
+    pub(super) fn partial_rows(&self) -> bool {
+        matches!(self.family, Family::Amx { .. }) && self.rows < self.intr.m as i64
     }
     pub(super) fn n(&self) -> i64 {
         self.intr.n as i64
@@ -146,7 +155,38 @@ pub(super) fn instr_of<'c>(catalog: &'c Catalog, id: &str) -> Result<Instr<'c>, 
         intr,
         family,
         group,
+        rows: intr.m as i64,
     })
+}
+
+/// The instruction of call `c`, with the rows its tile really has (its semantics' m, which
+/// the tensorize step shrinks to the bound loop's extent on a partial tile).
+pub(super) fn instr_for<'c>(
+    catalog: &'c Catalog,
+    c: &TensorizedCall,
+) -> Result<Instr<'c>, CodegenError> {
+    let mut ins = instr_of(catalog, &c.intrinsic)?;
+    if let Some(m) = c.semantics.iter_vars.iter().find(|v| v.name == "m") {
+        let rows = m.extent as i64;
+        if rows < 1 || rows > ins.rows {
+            return Err(CodegenError::Malformed {
+                reason: format!(
+                    "the call of `{}` (step {}) has {rows} rows; the instruction takes 1 to {}",
+                    c.intrinsic, c.step, ins.rows
+                ),
+            });
+        }
+        if rows < ins.rows && !matches!(ins.family, Family::Amx { .. }) {
+            return Err(CodegenError::Unsupported {
+                reason: format!(
+                    "`{}` runs on whole tiles only; step {} binds m to {rows} rows",
+                    c.intrinsic, c.step
+                ),
+            });
+        }
+        ins.rows = rows;
+    }
+    Ok(ins)
 }
 
 /// (accumulator type, its load, its store) of a vector family.

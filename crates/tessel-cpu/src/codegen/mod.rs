@@ -238,6 +238,10 @@ struct Gen<'p> {
     versioned: bool,
     /// Bounds checks the enclosing versioned body's condition proves: left out.
     proven: HashSet<String>,
+    /// Rows of each AMX tile in the kernel's own tile configuration (0: not yet given a
+    /// role); set only by calls on partial tiles, whose kernels then load this configuration
+    /// instead of the prelude's sixteen rows everywhere.
+    amx_rows: [u8; 8],
 }
 
 impl<'p> Gen<'p> {
@@ -255,7 +259,7 @@ impl<'p> Gen<'p> {
         let mut err = None;
         p.body.walk(&mut |s| {
             if let Stmt::Tensorized(c) = s {
-                match instr_of(catalog, &c.intrinsic) {
+                match instr_for(catalog, c) {
                     Ok(i) => {
                         uses_amx |= matches!(i.family, Family::Amx { .. });
                         features.extend(feature_flags(i.intr));
@@ -285,7 +289,28 @@ impl<'p> Gen<'p> {
             special_depth: 0,
             versioned: false,
             proven: HashSet::new(),
+            amx_rows: [0; 8],
         })
+    }
+
+    /// Distinct AMX tiles with the given rows, one per entry of `want`, from the kernel's
+    /// tile configuration: tiles already configured with those rows first, then tiles with no
+    /// rows yet (configured now). None, and the configuration unchanged, when eight tiles
+    /// cannot hold them.
+    fn amx_tiles(&mut self, want: &[u8]) -> Option<Vec<usize>> {
+        let mut rows = self.amx_rows;
+        let mut picked: Vec<usize> = Vec::with_capacity(want.len());
+        for &r in want {
+            let free = |t: &usize| !picked.contains(t);
+            let t = (0..8)
+                .filter(free)
+                .find(|&t| rows[t] == r)
+                .or_else(|| (0..8).filter(free).find(|&t| rows[t] == 0))?;
+            rows[t] = r;
+            picked.push(t);
+        }
+        self.amx_rows = rows;
+        Some(picked)
     }
 
     fn line(&mut self, s: &str) {
@@ -506,6 +531,7 @@ impl<'p> Gen<'p> {
         }
         self.depth -= 1;
         self.line("}");
+        self.amx_config(name);
         if self.slow_to_vectorize {
             let header = format!("void {name}(void *const *args) {{");
             self.out = self.out.replacen(
@@ -517,6 +543,30 @@ impl<'p> Gen<'p> {
             );
         }
         Ok(())
+    }
+
+    /// Partial AMX tiles: the kernel's own tile configuration, loaded where the prelude's
+    /// would be (in static storage, as the prelude's: the gcc 12 trap). Nothing on whole tiles.
+    fn amx_config(&mut self, name: &str) {
+        if self.amx_rows.iter().all(|&r| r == 0) {
+            return;
+        }
+        let rows: Vec<String> = self
+            .amx_rows
+            .iter()
+            .map(|&r| if r == 0 { 16 } else { r }.to_string())
+            .collect();
+        let cfg = format!("{name}_tilecfg");
+        self.out = self
+            .out
+            .replace("TSL_AMX_INIT();", &format!("_tile_loadconfig(&{cfg});"));
+        self.out.insert_str(
+            0,
+            &format!(
+                "/* the rows of this kernel's tiles: partial tiles along m */\nstatic const tsl_tilecfg {cfg} __attribute__((aligned(64), used)) = {{\n    1, 0, {{0}}, {{64, 64, 64, 64, 64, 64, 64, 64}}, {{{}}}}};\n",
+                rows.join(", ")
+            ),
+        );
     }
 
     fn stmt(&mut self, s: &Stmt) -> Result<(), CodegenError> {

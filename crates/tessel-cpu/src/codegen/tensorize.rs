@@ -153,7 +153,7 @@ impl Gen<'_> {
     }
 
     pub(super) fn tensorized(&mut self, c: &TensorizedCall) -> Result<(), CodegenError> {
-        let ins = instr_of(self.catalog, &c.intrinsic)?;
+        let ins = instr_for(self.catalog, c)?;
         let lv = self.tile_vars(c)?;
         let names: Vec<String> = ["m", "n", "k"]
             .iter()
@@ -195,11 +195,30 @@ impl Gen<'_> {
         let [(pa, sa), (pb, sb), (pc, sc)] = [ptrs[0].clone(), ptrs[1].clone(), ptrs[2].clone()];
         match ins.family {
             Family::Amx { dp } => {
-                self.line(&format!("_tile_loadd(0, {pc}, {sc});"));
-                self.line(&format!("_tile_loadd(1, {pa}, {sa});"));
-                self.line(&format!("_tile_loadd(2, {pb}, {sb});"));
-                self.line(&format!("{dp}(0, 1, 2);"));
-                self.line(&format!("_tile_stored(0, {pc}, {sc});"));
+                let [tc, ta, tb] = if ins.partial_rows() {
+                    let r = ins.rows as u8;
+                    match self
+                        .amx_tiles(&[r, r, ins.k() as u8 / ins.group as u8])
+                        .as_deref()
+                    {
+                        Some(&[c, a, b]) => [c, a, b],
+                        _ => {
+                            return Err(CodegenError::Unsupported {
+                                reason: format!(
+                                    "step {}: no three AMX tiles left for a {r}-row call beside the kernel's other tiles",
+                                    c.step
+                                ),
+                            });
+                        }
+                    }
+                } else {
+                    [0, 1, 2]
+                };
+                self.line(&format!("_tile_loadd({tc}, {pc}, {sc});"));
+                self.line(&format!("_tile_loadd({ta}, {pa}, {sa});"));
+                self.line(&format!("_tile_loadd({tb}, {pb}, {sb});"));
+                self.line(&format!("{dp}({tc}, {ta}, {tb});"));
+                self.line(&format!("_tile_stored({tc}, {pc}, {sc});"));
             }
             _ => {
                 let (t, load_c, store_c) = vector_types(ins.family);
@@ -353,7 +372,7 @@ impl Gen<'_> {
         if points > MAX_BLOCK_POINTS || l.kind == LoopKind::Parallel {
             return Ok(false);
         }
-        let ins = instr_of(self.catalog, &call.intrinsic)?;
+        let ins = instr_for(self.catalog, call)?;
         let amx = matches!(ins.family, Family::Amx { .. });
         if amx && !call.guards.is_empty() {
             return Ok(false);
@@ -432,6 +451,34 @@ impl Gen<'_> {
         if (amx && n_acc + 2 > 8) || (!amx && n_acc > 24) {
             return Ok(false);
         }
+        // AMX tiles: the accumulators', then operand slots reused while resident. On whole
+        // tiles, accumulators 0..n_acc and any operand in any slot after them (as before
+        // partial tiles); on partial ones, A's and B's tiles have different rows, so each
+        // role gets slots of its own from the kernel's configuration: B's fragments stay
+        // resident where they fit (reused across the block's rows), A takes the rest.
+        let (acc_tiles, slot_tiles, slot_roles): (Vec<usize>, Vec<usize>, Vec<Option<usize>>) =
+            if !amx {
+                Default::default()
+            } else if ins.partial_rows() {
+                let avail = 8 - n_acc;
+                let b_slots = frags[1].len().min(avail - 1);
+                let a_slots = (avail - b_slots).min(frags[0].len());
+                let (r, rb) = (ins.rows as u8, (ins.k() / ins.group) as u8);
+                let mut want = vec![r; n_acc + a_slots];
+                want.extend(std::iter::repeat_n(rb, b_slots));
+                let Some(tiles) = self.amx_tiles(&want) else {
+                    return Ok(false);
+                };
+                let mut roles = vec![Some(0); a_slots];
+                roles.extend(std::iter::repeat_n(Some(1), b_slots));
+                (tiles[..n_acc].to_vec(), tiles[n_acc..].to_vec(), roles)
+            } else {
+                (
+                    (0..n_acc).collect(),
+                    (n_acc..8).collect(),
+                    vec![None; 8 - n_acc],
+                )
+            };
         let padded = if padded_a {
             if held.len() > 1 {
                 return Ok(false);
@@ -466,12 +513,12 @@ impl Gen<'_> {
         let [sa, sb, sc] = strides;
         if let Family::Amx { dp } = ins.family {
             for (t, f) in frags[2].iter().enumerate() {
-                self.line(&format!("_tile_loadd({t}, {f}, {sc});"));
+                self.line(&format!("_tile_loadd({}, {f}, {sc});", acc_tiles[t]));
             }
             self.open_loops(&held);
-            // Operand tiles n_acc..8, reused while resident (least recently used evicted).
-            let mut resident: Vec<Option<(usize, usize)>> = vec![None; 8 - n_acc];
-            let mut last_use = vec![0usize; 8 - n_acc];
+            // Operand slots, reused while resident (least recently used evicted).
+            let mut resident: Vec<Option<(usize, usize)>> = vec![None; slot_tiles.len()];
+            let mut last_use = vec![0usize; slot_tiles.len()];
             for (tick, ids) in plan.iter().enumerate() {
                 let mut tiles = [0usize; 2];
                 for (slot, (role_i, stride)) in [(0usize, sa), (1usize, sb)].into_iter().enumerate()
@@ -483,11 +530,12 @@ impl Gen<'_> {
                             let keep = if slot == 1 { Some(tiles[0]) } else { None };
                             let t = (0..resident.len())
                                 .filter(|&t| Some(t) != keep)
+                                .filter(|&t| slot_roles[t].is_none_or(|r| r == role_i))
                                 .min_by_key(|&t| (resident[t].is_some(), last_use[t]))
                                 .unwrap_or(0);
                             resident[t] = Some(key);
                             let f = &frags[role_i][ids[role_i]];
-                            self.line(&format!("_tile_loadd({}, {f}, {stride});", t + n_acc));
+                            self.line(&format!("_tile_loadd({}, {f}, {stride});", slot_tiles[t]));
                             t
                         }
                     };
@@ -496,14 +544,12 @@ impl Gen<'_> {
                 }
                 self.line(&format!(
                     "{dp}({}, {}, {});",
-                    ids[2],
-                    tiles[0] + n_acc,
-                    tiles[1] + n_acc
+                    acc_tiles[ids[2]], slot_tiles[tiles[0]], slot_tiles[tiles[1]]
                 ));
             }
             self.close_loops(held.len());
             for (t, f) in frags[2].iter().enumerate() {
-                self.line(&format!("_tile_stored({t}, {f}, {sc});"));
+                self.line(&format!("_tile_stored({}, {f}, {sc});", acc_tiles[t]));
             }
         } else {
             let (t, load_c, store_c) = vector_types(ins.family);

@@ -198,7 +198,12 @@ impl<'s> Lowering<'s> {
         let mut cur = BufferRef { buffer: o, index };
         let pack = self.s.packs.iter().find(|(p, _, _)| *p == o).cloned();
         let cast = self.s.casts.iter().find(|(c, _, _)| *c == o).copied();
+        let pad = self.s.pads.iter().find(|(p, _)| *p == o).copied();
         match (pack, cast) {
+            (None, cast) if pad.is_some() => {
+                let step = pad.map_or(0, |p| p.1);
+                cur = self.pad(o, step, cast.map(|c| c.1))?;
+            }
             (Some((_, layout, step)), cast) => {
                 cur = self.pack(o, &layout, step, cast.map(|c| c.1), cur)?;
             }
@@ -237,6 +242,143 @@ impl<'s> Lowering<'s> {
             cur = self.cache(o, level, c, a, cur, &read_guards);
         }
         Ok(cur)
+    }
+
+    /// Input `o` copied once, at the root, into a buffer spanning every index its reads take
+    /// (converted to `cast`, where given): zeros where they leave the tensor. Returns the
+    /// padded reference, which never leaves the copy.
+    fn pad(
+        &mut self,
+        o: usize,
+        step: usize,
+        cast: Option<DType>,
+    ) -> Result<BufferRef, ScheduleError> {
+        let input = &self.op.inputs[o];
+        // Each dimension's index range over the whole iteration space.
+        let mut low = Vec::new();
+        let mut shape = Vec::new();
+        for a in &input.indices {
+            let (mut lo, mut hi) = (a.constant, a.constant);
+            for &(v, c) in &a.terms {
+                let top = (self.op.iter_vars[v].extent.saturating_sub(1) as i64)
+                    .checked_mul(c)
+                    .ok_or_else(|| lower_err("a padded index overflows".into()))?;
+                if c < 0 {
+                    lo += top;
+                } else {
+                    hi += top;
+                }
+            }
+            low.push(lo);
+            shape.push((hi - lo + 1).max(1) as u64);
+        }
+        let rank = shape.len();
+        let dims = input.tensor.shape.clone();
+        let name = input.tensor.name.clone();
+        let index: Vec<Expr> = input
+            .indices
+            .iter()
+            .zip(&low)
+            .map(|(a, &lo)| {
+                let mut a = a.clone();
+                a.constant -= lo;
+                self.to_expr(&a)
+            })
+            .collect();
+        let pb = self.add_buffer(Buffer {
+            name: format!("{name}_padded"),
+            shape: shape.clone(),
+            dtype: cast.unwrap_or(input.tensor.dtype),
+            scope: Scope::global(),
+            role: BufferRole::Packed { operand: o },
+        });
+        // Each nest gets loop variables of its own, whose extents are its loops'.
+        let mut nest = |body: &dyn Fn(&[usize]) -> Stmt, extents: &[u64]| {
+            let first = self.vars.len();
+            for (d, &e) in extents.iter().enumerate() {
+                self.vars.push(LoopVar {
+                    name: format!("{name}_padded.{d}"),
+                    extent: e,
+                });
+            }
+            let vars: Vec<usize> = (first..first + extents.len()).collect();
+            extents
+                .iter()
+                .enumerate()
+                .rev()
+                .fold(body(&vars), |b, (d, &e)| {
+                    Stmt::For(For {
+                        var: vars[d],
+                        extent: e,
+                        kind: LoopKind::Serial,
+                        reduction: false,
+                        pipeline_stages: None,
+                        annotations: BTreeMap::new(),
+                        body: Box::new(b),
+                    })
+                })
+        };
+        // The border is zeroed slab by slab (a dimension's indices before and after the
+        // tensor, every other dimension whole), then the tensor's part of the footprint is
+        // copied in: no statement tests a bound, where one guarded copy of the whole buffer
+        // tested four per element (the copy runs on every call of the kernel).
+        let mut stmts = Vec::new();
+        for d in 0..rank {
+            // In the copy's coordinates, the tensor spans [-low, dim - low).
+            let before = (-low[d]).clamp(0, shape[d] as i64) as u64;
+            let after = (dims[d] as i64 - low[d]).clamp(0, shape[d] as i64) as u64;
+            for (start, len) in [(0, before), (after, shape[d] - after)] {
+                if len == 0 {
+                    continue;
+                }
+                let mut extents = shape.clone();
+                extents[d] = len;
+                let fill = |vars: &[usize]| Stmt::Fill {
+                    dst: BufferRef {
+                        buffer: pb,
+                        index: (0..rank)
+                            .map(|j| {
+                                let v = Expr::Var(vars[j]);
+                                if j == d {
+                                    Expr::sum(v, Expr::Const(start as i64))
+                                } else {
+                                    v
+                                }
+                            })
+                            .collect(),
+                    },
+                    step: Some(step),
+                };
+                stmts.push(nest(&fill, &extents));
+            }
+        }
+        // The tensor's part: x in [max(0, low), min(dim, low + shape)) per dimension.
+        let from: Vec<i64> = low.iter().map(|&l| l.max(0)).collect();
+        let inner: Vec<u64> = (0..rank)
+            .map(|d| ((dims[d] as i64).min(low[d] + shape[d] as i64) - from[d]).max(0) as u64)
+            .collect();
+        if inner.iter().all(|&e| e > 0) {
+            let copy = |vars: &[usize]| Stmt::Copy {
+                dst: BufferRef {
+                    buffer: pb,
+                    index: (0..rank)
+                        .map(|d| Expr::sum(Expr::Var(vars[d]), Expr::Const(from[d] - low[d])))
+                        .collect(),
+                },
+                src: BufferRef {
+                    buffer: o,
+                    index: (0..rank)
+                        .map(|d| Expr::sum(Expr::Var(vars[d]), Expr::Const(from[d])))
+                        .collect(),
+                },
+                guards: Vec::new(),
+                step: Some(step),
+            };
+            stmts.push(nest(&copy, &inner));
+        }
+        self.attached[0].push(Stmt::Seq(stmts));
+        self.allocs[0].push(pb);
+        Ok(BufferRef { buffer: pb, index })
     }
 
     /// Input `o` copied once, at the root, into `layout` (converted to `cast`, where given);

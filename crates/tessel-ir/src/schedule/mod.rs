@@ -80,6 +80,8 @@ pub struct Schedule {
     loops: Vec<LoopState>,
     caches: Vec<CacheStage>,
     packs: Vec<(usize, LayoutTransform, usize)>,
+    /// `(input, step)`: inputs copied padded at the root.
+    pub(crate) pads: Vec<(usize, usize)>,
     /// Inputs converted on their root copy: (input, type, step).
     casts: Vec<(usize, DType, usize)>,
     cache_write: Option<(Scope, Option<String>, usize)>,
@@ -145,6 +147,7 @@ impl Schedule {
             loops,
             caches: Vec::new(),
             packs: Vec::new(),
+            pads: Vec::new(),
             casts: Vec::new(),
             cache_write: None,
             tensorize: None,
@@ -439,7 +442,22 @@ impl Schedule {
                 }
                 self.cache_write = Some((scope.clone(), at.clone(), index));
             }
+            Step::Pad { operand } => {
+                let padded = self.pads.iter().any(|(o, _)| o == operand);
+                self.root_copy_input(*operand, ("pad", "padded"), padded)?;
+                if self.packs.iter().any(|(o, _, _)| o == operand) {
+                    return Err(format!(
+                        "input {operand} is packed; pad it or pack it, not both"
+                    ));
+                }
+                self.pads.push((*operand, index));
+            }
             Step::Pack { operand, layout } => {
+                if self.pads.iter().any(|(o, _)| o == operand) {
+                    return Err(format!(
+                        "input {operand} is padded; pad it or pack it, not both"
+                    ));
+                }
                 let packed = self.packs.iter().any(|(o, _, _)| o == operand);
                 let input = self.root_copy_input(*operand, ("pack", "packed"), packed)?;
                 layout.packed_shape(&input.tensor.shape)?;
@@ -490,7 +508,7 @@ impl Schedule {
         if self.tensorize.is_some() {
             return Err("the nest is already tensorized".into());
         }
-        let sem = intrinsics
+        let mut sem = intrinsics
             .resolve(intrinsic)
             .ok_or_else(|| format!("unknown intrinsic `{intrinsic}`"))?;
         sem.validate().map_err(|e| e.to_string())?;
@@ -515,7 +533,9 @@ impl Schedule {
             }
             let (node, l) = (&self.nodes[self.loops[p].node], &self.loops[p]);
             let iv = &sem.iter_vars[u];
-            if node.extent != iv.extent || node.kind != iv.kind {
+            // A shorter loop is a partial tile, where the instruction allows one.
+            let fewer = node.extent < iv.extent && intrinsics.accepts_fewer(intrinsic, ivar);
+            if (node.extent != iv.extent && !fewer) || node.extent == 0 || node.kind != iv.kind {
                 return Err(format!(
                     "loop `{lname}` ({:?}, extent {}) does not match `{ivar}` ({:?}, extent {})",
                     node.kind, node.extent, iv.kind, iv.extent
@@ -585,6 +605,25 @@ impl Schedule {
                         },
                         self.nodes[node].name
                     ));
+                }
+            }
+        }
+        // The call's semantics describe the tile it really computes: a partial tile's
+        // variable, and the operand dimensions it alone indexes, shrink to the loop's extent.
+        for &(u, p) in &bound {
+            let extent = self.nodes[self.loops[p].node].extent;
+            if extent < sem.iter_vars[u].extent {
+                sem.iter_vars[u].extent = extent;
+                for o in sem
+                    .inputs
+                    .iter_mut()
+                    .chain(std::iter::once(&mut sem.output))
+                {
+                    for (d, e) in o.indices.iter().enumerate() {
+                        if e.terms == [(u, 1)] && e.constant == 0 {
+                            o.tensor.shape[d] = extent;
+                        }
+                    }
                 }
             }
         }

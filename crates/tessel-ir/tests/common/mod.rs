@@ -357,9 +357,11 @@ pub fn random_valid_trace(op: &ComputeOp, seed: u64) -> Trace {
         );
     }
 
-    // Packs: split a dimension and permute.
+    // Packs (split a dimension and permute) or padded copies.
     for o in 0..op.inputs.len() {
-        if rng.chance(30) {
+        if rng.chance(20) {
+            t.pad(o);
+        } else if rng.chance(30) {
             let rank = op.inputs[o].tensor.shape.len();
             let d = rng.below(rank);
             let mut order: Vec<usize> = (0..=rank).collect();

@@ -4,6 +4,7 @@
 //! compiler-vectorized fallback.
 
 use super::*;
+use tessel_intrin::Storage;
 pub use tessel_intrin::max_accumulators;
 
 impl Space {
@@ -152,8 +153,11 @@ impl Space {
     pub(super) fn direct_tensorized(&self, mapping: usize) -> Option<Sketch> {
         let m = &self.mappings[mapping];
         let intr = m.intrinsic;
-        if !direct_window(&self.op, &m.mapping) || intr.id.starts_with("amx") {
+        if !direct_window(&self.op, &m.mapping) {
             return None;
+        }
+        if intr.id.starts_with("amx") {
+            return self.direct_amx(mapping);
         }
         let tiles = |d: usize, ext: u64| m.mapping.dims[d].extent.div_ceil(ext);
         let (mt, nt) = (tiles(0, intr.m), tiles(1, intr.n));
@@ -170,6 +174,30 @@ impl Space {
         } = &mut sketch
         {
             (*m_r, *n_r) = (mr, nr);
+        }
+        Some(sketch)
+    }
+
+    /// A direct convolution on AMX: the classic sketch on the instruction's partial-row
+    /// mapping where it has one ([`partial_row_mapping`]: tiles that end where an image row
+    /// ends), else on `mapping`, with the input copied once, padded, at the root where its
+    /// reads leave it (a tile load cannot mix the border's zeros into its rows), and read in
+    /// place by every call.
+    fn direct_amx(&self, mapping: usize) -> Option<Sketch> {
+        let id = self.mappings[mapping].intrinsic.id;
+        let on = (0..self.mappings.len())
+            .find(|&j| {
+                let m = &self.mappings[j];
+                m.intrinsic.id == id
+                    && m.intrinsic.m < self.mappings[mapping].intrinsic.m
+                    && direct_window(&self.op, &m.mapping)
+            })
+            .unwrap_or(mapping);
+        let mut sketch = self.classic_tensorized(on);
+        if let Sketch::Tensorized { cache_a, .. } = &mut sketch
+            && reads_leave(&self.op, self.mappings[on].mapping.operands[0])
+        {
+            *cache_a = Some(PAD_A);
         }
         Some(sketch)
     }
@@ -428,7 +456,9 @@ impl Space {
             let local = Scope::new("local").expect("a valid scope name");
             t.cache_write(local, Some(&full[first_red - 1]));
         }
-        if let Some(at) = cache_a {
+        if cache_a == Some(PAD_A) && !blocked {
+            t.pad(map.operands[0]);
+        } else if let Some(at) = cache_a {
             let local = Scope::new("local").expect("a valid scope name");
             // Blocked: A's mc x kc block, packed once per (kc slice, mc rows) as BLIS does.
             let at = if blocked {
@@ -568,6 +598,56 @@ impl Space {
         }
         t
     }
+}
+
+/// An AMX direct convolution's mapping on tiles of fewer rows, beside `m` (whole tiles):
+/// where the m group's innermost variable (an output row's pixels) is not a multiple of the
+/// tile's 16 rows, whole tiles cross image rows, so A's rows are not one stride apart and
+/// every call gathers them (an im2col per call). Tiles of the largest divisor of the row
+/// (14 rows of 56 pixels, 8 or more) end where the row ends and read the input where it lies,
+/// as oneDNN's brgconv does. None for other instructions and mappings.
+pub(super) fn partial_row_mapping(
+    op: &ComputeOp,
+    intr: &'static Intrinsic,
+    m: &Mapping,
+) -> Option<SpaceMapping> {
+    if !matches!(intr.memory[0].storage, Storage::AmxTile { .. }) || !direct_window(op, m) {
+        return None;
+    }
+    let row = op.iter_vars[op.var_index(m.dims[0].vars.last()?)?].extent;
+    if row.is_multiple_of(intr.m) {
+        return None;
+    }
+    let rows = divisor_at_most(row, intr.m - 1);
+    if rows < 8 {
+        return None;
+    }
+    let mut mapping = m.clone();
+    mapping.dims[0].padded = mapping.dims[0].extent.div_ceil(rows) * rows;
+    Some(SpaceMapping {
+        intrinsic: tessel_intrin::partial_rows(intr.id, rows)?,
+        mapping,
+    })
+}
+
+/// Whether an input's reads leave its tensor for some point of the iteration space (a padded
+/// convolution's border, read as zeros).
+pub(super) fn reads_leave(op: &ComputeOp, input: usize) -> bool {
+    let Some(a) = op.inputs.get(input) else {
+        return false;
+    };
+    a.indices.iter().zip(&a.tensor.shape).any(|(e, &dim)| {
+        let (mut lo, mut hi) = (e.constant, e.constant);
+        for &(v, c) in &e.terms {
+            let top = c.saturating_mul(op.iter_vars[v].extent.saturating_sub(1) as i64);
+            if c < 0 {
+                lo = lo.saturating_add(top);
+            } else {
+                hi = hi.saturating_add(top);
+            }
+        }
+        lo < 0 || hi >= dim as i64
+    })
 }
 
 /// The largest divisor of `extent` not above `cap` (1 divides everything).

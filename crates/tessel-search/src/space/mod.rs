@@ -20,6 +20,11 @@ use cpu::{fills_lanes, promise};
 /// At most this many mappings per instruction (least padding first) enter the space.
 const MAX_MAPPINGS_PER_INSTRUCTION: usize = 8;
 
+/// `cache_a` beyond the block loops: A copied once at the root in its own layout, padded
+/// (`Step::Pad`: the AMX direct convolution's input). Seeds and mutations use it; random
+/// sketches draw the block loops 0..3.
+pub(crate) const PAD_A: u8 = 3;
+
 /// Cache blocks hold at most this many register blocks along m or n.
 pub(crate) const MAX_CACHE_BLOCKS: u64 = 64;
 
@@ -48,7 +53,8 @@ pub enum Sketch {
         pack_b: bool,
         /// Copy instruction operand A into a dense local buffer inside this block loop (0..3
         /// in loop order): im2col with zero padding for convolutions, contiguous tiles for
-        /// row-major A. None: read A in place.
+        /// row-major A; [`PAD_A`]: once at the root in its own layout, padded. None: read A
+        /// in place.
         cache_a: Option<u8>,
         parallel: bool,
         local_acc: bool,
@@ -132,7 +138,15 @@ impl SpaceMapping {
     /// `instruction: mapping`, as records carry it (`TuningRecord::mapping`); `coverage`
     /// matches records to today's mappings by it.
     pub fn label(&self) -> String {
-        format!("{}: {}", self.intrinsic.id, self.mapping)
+        let whole = catalog_static().get(self.intrinsic.id).map(|i| i.m);
+        if whole.is_some_and(|m| m != self.intrinsic.m) {
+            format!(
+                "{} ({}-row tiles): {}",
+                self.intrinsic.id, self.intrinsic.m, self.mapping
+            )
+        } else {
+            format!("{}: {}", self.intrinsic.id, self.mapping)
+        }
     }
 }
 
@@ -221,10 +235,20 @@ impl Space {
                         ms.insert(keep, direct);
                         keep += 1;
                     }
+                    let partial: Vec<SpaceMapping> = if matches!(set, InstructionSet::Gpu { .. }) {
+                        Vec::new()
+                    } else {
+                        ms.iter()
+                            .take(keep)
+                            .filter_map(|m| cpu::partial_row_mapping(op, intr, m))
+                            .take(1)
+                            .collect()
+                    };
                     mappings.extend(ms.into_iter().take(keep).map(|mapping| SpaceMapping {
                         intrinsic: intr,
                         mapping,
-                    }))
+                    }));
+                    mappings.extend(partial);
                 }
                 Err(e) => skipped.push((id.clone(), e.to_string())),
             }
@@ -399,9 +423,10 @@ impl Space {
                         if rng.chance(50) {
                             *pack_b = !*pack_b
                         } else {
+                            // The padded root copy too (PAD_A), which sampling never draws.
                             *cache_a = match cache_a {
                                 Some(_) if rng.chance(50) => None,
-                                _ => Some(rng.below(3) as u8),
+                                _ => Some(rng.below(u64::from(PAD_A) + 1) as u8),
                             }
                         }
                     }
@@ -456,6 +481,11 @@ impl Space {
                             }
                         }
                     }
+                }
+                // Unrolled inner loops only where their work fits (as sampling draws them):
+                // a larger tile or reduction block turns them off.
+                if *unroll_inner && self.unrolled_work(tiles, rtiles) > MAX_UNROLLED_WORK {
+                    *unroll_inner = false;
                 }
             }
         }
