@@ -103,6 +103,15 @@ fn partial_tiles_read_the_padded_input_in_place_and_compute_the_reference() {
                 !src.contains(" ? I["),
                 "{spec}: the padding pass tests bounds:\n{src}"
             );
+            // The accumulator lives per register block: its tiles start at zero, and go
+            // straight to the output unless an epilogue (bias, ReLU) comes between.
+            assert!(src.contains("_tile_zero(0);"), "{spec}:\n{src}");
+            let epilogue = spec.contains("epilogue");
+            assert_eq!(
+                src.contains("straight to the output"),
+                !epilogue,
+                "{spec}:\n{src}"
+            );
             labels.push(format!("{id} {spec}"));
             cands.push(Candidate::new(op, t));
         }

@@ -242,6 +242,25 @@ struct Gen<'p> {
     /// role); set only by calls on partial tiles, whose kernels then load this configuration
     /// instead of the prelude's sixteen rows everywhere.
     amx_rows: [u8; 8],
+    /// Set while emitting the statement after a zero fill of an accumulator buffer (and
+    /// before its store to the output), where an AMX register block may take both over.
+    acc_fusion: Option<AccFusion>,
+}
+
+/// An accumulator buffer between its zero fill and its store, for the AMX register block
+/// that computes all of it ([`Gen::acc_fusion`]).
+struct AccFusion {
+    /// The buffer just zeroed.
+    zeroed: usize,
+    /// How many loops enclosed the fill: the block may start at zero only where every loop
+    /// opened since runs once.
+    depth: usize,
+    /// The store after it, `(dst, acc)`, where it only copies the accumulator (no epilogue,
+    /// no guard, the same type).
+    store: Option<(BufferRef, BufferRef)>,
+    /// What the block took over.
+    zeroed_in_tiles: bool,
+    stored_direct: bool,
 }
 
 impl<'p> Gen<'p> {
@@ -290,7 +309,65 @@ impl<'p> Gen<'p> {
             versioned: false,
             proven: HashSet::new(),
             amx_rows: [0; 8],
+            acc_fusion: None,
         })
+    }
+
+    /// `[.., fill, next, store?, ..]`: a nest that zeroes all of an accumulator buffer, the
+    /// statement that computes it, and maybe the nest that copies it to the output. `next` is
+    /// emitted first, aside, to learn whether an AMX register block in it zeroed its tiles
+    /// (the fill is then left out) and stored them to the output (the store too).
+    fn acc_fusion(
+        &mut self,
+        fill: &Stmt,
+        next: &Stmt,
+        store: Option<&Stmt>,
+    ) -> Result<(), CodegenError> {
+        let mut zeroed = fill_nest(fill).map(|(b, _)| b).unwrap_or(usize::MAX);
+        // Only where one tensorized call, into this buffer, is all that writes in between.
+        let (mut calls, mut others) = (0, false);
+        next.walk(&mut |s| match s {
+            Stmt::Tensorized(c) => {
+                calls += 1;
+                others |= c.acc.buffer != zeroed;
+            }
+            Stmt::Fill { dst, .. } | Stmt::Copy { dst, .. } | Stmt::Store { dst, .. } => {
+                others |= dst.buffer == zeroed;
+            }
+            Stmt::Update { acc, .. } => others |= acc.buffer == zeroed,
+            _ => {}
+        });
+        if calls != 1 || others {
+            zeroed = usize::MAX;
+        }
+        let copy = store.and_then(store_nest).filter(|(dst, acc)| {
+            acc.buffer == zeroed
+                && self.p.op.epilogue.is_empty()
+                && self.p.buffers[dst.buffer].dtype == self.p.buffers[acc.buffer].dtype
+        });
+        let outer = self.acc_fusion.replace(AccFusion {
+            zeroed,
+            depth: self.bound.len(),
+            store: copy.map(|(d, a)| (d.clone(), a.clone())),
+            zeroed_in_tiles: false,
+            stored_direct: false,
+        });
+        let before = std::mem::take(&mut self.out);
+        let result = self.stmt(next);
+        let middle = std::mem::replace(&mut self.out, before);
+        let done = std::mem::replace(&mut self.acc_fusion, outer);
+        result?;
+        let done = done.expect("set above");
+        if !done.zeroed_in_tiles {
+            self.stmt(fill)?;
+        }
+        self.out.push_str(&middle);
+        if let Some(st) = store
+            && !done.stored_direct
+        {
+            self.stmt(st)?;
+        }
+        Ok(())
     }
 
     /// Distinct AMX tiles with the given rows, one per entry of `want`, from the kernel's
@@ -581,8 +658,22 @@ impl<'p> Gen<'p> {
         }
         match s {
             Stmt::Seq(v) => {
-                for s in v {
-                    self.stmt(s)?;
+                let mut i = 0;
+                while i < v.len() {
+                    // An accumulator's fill, what computes it and its store: on AMX, maybe
+                    // all in the register block's tiles.
+                    let fill = self.uses_amx
+                        && fill_nest(&v[i]).is_some_and(|(b, n)| n == self.p.buffers[b].elements());
+                    if fill && i + 1 < v.len() {
+                        let store = v.get(i + 2).filter(|s| store_nest(s).is_some());
+                        self.acc_fusion(&v[i], &v[i + 1], store)?;
+                        i += 2 + usize::from(store.is_some());
+                        continue;
+                    }
+                    // Anything else between a fill and the block: it no longer starts at zero.
+                    self.acc_fusion = None;
+                    self.stmt(&v[i])?;
+                    i += 1;
                 }
             }
             Stmt::For(l) => self.for_loop(l)?,
@@ -928,6 +1019,40 @@ impl<'p> Gen<'p> {
     }
 
     // ---- tensorized calls --------------------------------------------------------------
+}
+
+/// `(buffer, instances)` of a nest of loops around one zero fill.
+fn fill_nest(s: &Stmt) -> Option<(usize, u64)> {
+    let mut n = 1u64;
+    let mut s = s;
+    loop {
+        match s {
+            Stmt::For(f) => {
+                n = n.checked_mul(f.extent)?;
+                s = &f.body;
+            }
+            Stmt::Fill { dst, .. } => return Some((dst.buffer, n)),
+            _ => return None,
+        }
+    }
+}
+
+/// `(dst, acc)` of a nest of loops around one unguarded store to the output.
+fn store_nest(s: &Stmt) -> Option<(&BufferRef, &BufferRef)> {
+    let mut s = s;
+    loop {
+        match s {
+            Stmt::For(f) => s = &f.body,
+            Stmt::Store {
+                dst,
+                acc,
+                guards,
+                accumulate: false,
+                ..
+            } if guards.is_empty() => return Some((dst, acc)),
+            _ => return None,
+        }
+    }
 }
 
 /// One bounds check of an index.

@@ -180,9 +180,9 @@ impl Space {
 
     /// A direct convolution on AMX: the classic sketch on the instruction's partial-row
     /// mapping where it has one ([`partial_row_mapping`]: tiles that end where an image row
-    /// ends), else on `mapping`, with the input copied once, padded, at the root where its
-    /// reads leave it (a tile load cannot mix the border's zeros into its rows), and read in
-    /// place by every call.
+    /// ends), else on `mapping`, pixel blocks outside channel blocks (order 1), with the
+    /// input copied once, padded, at the root where its reads leave it (a tile load cannot
+    /// mix the border's zeros into its rows), and read in place by every call.
     fn direct_amx(&self, mapping: usize) -> Option<Sketch> {
         let id = self.mappings[mapping].intrinsic.id;
         let on = (0..self.mappings.len())
@@ -194,10 +194,13 @@ impl Space {
             })
             .unwrap_or(mapping);
         let mut sketch = self.classic_tensorized(on);
-        if let Sketch::Tensorized { cache_a, .. } = &mut sketch
-            && reads_leave(&self.op, self.mappings[on].mapping.operands[0])
-        {
-            *cache_a = Some(PAD_A);
+        if let Sketch::Tensorized { cache_a, order, .. } = &mut sketch {
+            // Pixel blocks outside the channel blocks: the accumulator lives per register
+            // block, which then starts its tiles at zero and stores them to the output.
+            *order = 1;
+            if reads_leave(&self.op, self.mappings[on].mapping.operands[0]) {
+                *cache_a = Some(PAD_A);
+            }
         }
         Some(sketch)
     }
