@@ -75,8 +75,8 @@ def best_trace(log, spec):
     return best[1]
 
 
-def run_tessel(spec, trace_path, cpu):
-    cmd = [XTASK, "measure", "--workload", spec, "--trace", trace_path, "--prepacked-weights",
+def run_tessel(spec, trace_path, cpu, xtask=XTASK):
+    cmd = [xtask, "measure", "--workload", spec, "--trace", trace_path, "--prepacked-weights",
            "--json"]
     if cpu is not None:
         cmd = ["taskset", "-c", str(cpu)] + cmd
@@ -110,10 +110,12 @@ def main():
     ap.add_argument("--onednn-layout", default="nhwc", choices=["nhwc", "any"])
     ap.add_argument("--onednn-max-isa", default=None, help="ONEDNN_MAX_CPU_ISA, e.g. AVX2")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--xtask", default=XTASK,
+                    help="the xtask binary that measures tessel's kernel (another build, say)")
     a = ap.parse_args()
     if a.rounds < 1:
         sys.exit("--rounds must be at least 1")
-    for exe in (XTASK, ONEDNN):
+    for exe in (a.xtask, ONEDNN):
         if not os.path.exists(exe):
             sys.exit(f"{exe} is missing: build xtask and run bench/peers/install.sh")
     kind, kv = parse_spec(a.spec)
@@ -128,7 +130,7 @@ def main():
     print(f"{'round':>5} {'tessel GOP/s':>13} {'oneDNN GOP/s':>13} {'ratio':>7}")
     try:
         for i in range(a.rounds):
-            t = run_tessel(a.spec, trace_path, a.cpu)
+            t = run_tessel(a.spec, trace_path, a.cpu, a.xtask)
             o, impl = run_onednn(args, a.cpu, a.onednn_max_isa)
             rows.append({"tessel_gops": t, "onednn_gops": o, "ratio": t / o})
             print(f"{i + 1:>5} {t:>13.1f} {o:>13.1f} {t / o:>6.2f}x", flush=True)

@@ -4,6 +4,7 @@
 mod common;
 
 use common::{dtypes, measurer, report_emulated};
+use proptest::prelude::*;
 use tessel_cpu::codegen::generate;
 use tessel_intrin::Catalog;
 use tessel_ir::{LayoutTransform, Scope, Trace, Workload};
@@ -171,4 +172,99 @@ fn whole_tiles_keep_the_preludes_configuration() {
         src.contains("TSL_AMX_INIT();") && !src.contains("tilecfg"),
         "{src}"
     );
+}
+
+/// A random direct AMX convolution: rows of 8-14 pixels, padded or not, with or without an
+/// epilogue, the accumulator per register block or per channel block, maybe a cache of the
+/// padded input inside the pixel block (a statement between the accumulator's fill and its
+/// register block), pixel or channel blocks outermost.
+fn random_direct(rng: &mut common::Rng) -> (String, Trace) {
+    let id = if rng.chance(50) {
+        "amx.tdpbf16ps"
+    } else {
+        "amx.tdpbusd"
+    };
+    let k_tile = if id == "amx.tdpbf16ps" { 32 } else { 64 };
+    let rows = 8 + rng.below(7);
+    let (r, stride) = (1 + 2 * rng.below(2), 1 + rng.below(2));
+    let pad = if r == 1 { 0 } else { rng.below(2) };
+    // Output width `rows`: w = (rows - 1) * stride + r - 2 pad.
+    let w = (rows - 1) * stride + r - 2 * pad;
+    let h = 1 + rng.below(3);
+    let h_in = (h - 1) * stride + r - 2 * pad;
+    let epilogue = ["", ",epilogue=bias", ",epilogue=bias+relu"][rng.below(3) as usize];
+    let spec = format!(
+        "conv2d:n=1,h={h_in},w={w},c={},k={},r={r},s={r},stride={stride},pad={pad},layout=nhwc,{}{epilogue}",
+        k_tile * (1 + rng.below(2)),
+        32 * (1 + rng.below(2)),
+        dtypes(id)
+    );
+    let group = k_tile / 16;
+    let pixels_first = rng.chance(50);
+    let mut t = Trace::new();
+    t.reorder(&["n", "r", "s", "p", "q", "k", "c"]);
+    t.fuse(&["p", "q"]);
+    t.split("p_q", &[1, rows])
+        .split("k", &[2, 16])
+        .split("c", &[1, k_tile]);
+    let blocks: [&str; 3] = if pixels_first {
+        ["p_q.0", "k.0", "c.0"]
+    } else {
+        ["k.0", "c.0", "p_q.0"]
+    };
+    let mut order = vec!["n"];
+    order.extend(blocks);
+    order.extend(["r", "s", "c.1", "p_q.1", "k.1", "p_q.2", "k.2", "c.2"]);
+    t.reorder(&order);
+    t.pack(
+        1,
+        LayoutTransform {
+            splits: vec![(0, 32), (3, group)],
+            order: vec![2, 3, 0, 4, 1, 5],
+        },
+    );
+    let local = Scope::new("local").unwrap();
+    // The accumulator per register block (right outside the channel steps, pixels first),
+    // or per channel block (around every pixel block).
+    let at = if pixels_first && rng.chance(50) {
+        "k.0"
+    } else if pixels_first {
+        "p_q.0"
+    } else {
+        "k.0"
+    };
+    t.cache_write(local.clone(), Some(at));
+    if pad > 0 || rng.chance(30) {
+        t.pad(0);
+    }
+    if rng.chance(30) {
+        t.cache_read(0, local, Some(blocks[2]));
+    }
+    t.unroll("p_q.1").unroll("k.1");
+    t.tensorize(id, &[("m", "p_q.2"), ("n", "k.2"), ("k", "c.2")], &[0, 1]);
+    (spec, t)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_direct_convolutions_on_partial_tiles_compute_the_reference(seed in any::<u64>()) {
+        let mut rng = common::Rng(seed | 1);
+        let mut cands = Vec::new();
+        let mut labels = Vec::new();
+        for _ in 0..8 {
+            let (spec, t) = random_direct(&mut rng);
+            let op = workload(&spec).to_op();
+            labels.push(format!("{spec}: {t}"));
+            cands.push(Candidate::new(op, t));
+        }
+        let results = measurer(true).measure(&cands);
+        let failures: Vec<String> = labels
+            .iter()
+            .zip(&results)
+            .filter_map(|(l, r)| r.as_ref().err().map(|e| format!("{l}: {e}")))
+            .collect();
+        prop_assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
 }

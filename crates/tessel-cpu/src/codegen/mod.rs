@@ -357,13 +357,14 @@ impl<'p> Gen<'p> {
         let middle = std::mem::replace(&mut self.out, before);
         let done = std::mem::replace(&mut self.acc_fusion, outer);
         result?;
-        let done = done.expect("set above");
-        if !done.zeroed_in_tiles {
+        let (zeroed_in_tiles, stored_direct) =
+            done.map_or((false, false), |d| (d.zeroed_in_tiles, d.stored_direct));
+        if !zeroed_in_tiles {
             self.stmt(fill)?;
         }
         self.out.push_str(&middle);
         if let Some(st) = store
-            && !done.stored_direct
+            && !stored_direct
         {
             self.stmt(st)?;
         }
@@ -670,8 +671,6 @@ impl<'p> Gen<'p> {
                         i += 2 + usize::from(store.is_some());
                         continue;
                     }
-                    // Anything else between a fill and the block: it no longer starts at zero.
-                    self.acc_fusion = None;
                     self.stmt(&v[i])?;
                     i += 1;
                 }
