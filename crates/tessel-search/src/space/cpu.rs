@@ -4,8 +4,8 @@
 //! compiler-vectorized fallback.
 
 use super::*;
-use tessel_intrin::Storage;
 pub use tessel_intrin::max_accumulators;
+use tessel_intrin::{Storage, TransformKind};
 
 impl Space {
     pub(super) fn sample_tensorized(&self, mapping: usize, rng: &mut Rng) -> Sketch {
@@ -627,30 +627,61 @@ pub(super) fn partial_row_mapping(
     }
     let mut mapping = m.clone();
     mapping.dims[0].padded = mapping.dims[0].extent.div_ceil(rows) * rows;
+    // A is read where it lies: in the tensor, or in its padded copy (what the seed makes).
+    let a = mapping.operands[0];
+    let input = op.inputs.get(a)?;
+    if let Some(t) = mapping
+        .transforms
+        .iter_mut()
+        .find(|t| t.input == input.tensor.name)
+    {
+        let (kind, bytes) = if reads_leave(op, a) {
+            (TransformKind::Pad, padded_bytes(op, a)?)
+        } else {
+            (TransformKind::Direct, 0)
+        };
+        (t.kind, t.bytes) = (kind, bytes);
+    }
     Some(SpaceMapping {
         intrinsic: tessel_intrin::partial_rows(intr.id, rows)?,
         mapping,
     })
 }
 
+/// The range an input index takes over the whole iteration space.
+fn index_range(op: &ComputeOp, e: &tessel_ir::AffineExpr) -> Option<(i64, i64)> {
+    let (mut lo, mut hi) = (e.constant, e.constant);
+    for &(v, c) in &e.terms {
+        let top = c.checked_mul(op.iter_vars.get(v)?.extent.saturating_sub(1) as i64)?;
+        if c < 0 {
+            lo = lo.checked_add(top)?;
+        } else {
+            hi = hi.checked_add(top)?;
+        }
+    }
+    Some((lo, hi))
+}
+
 /// Whether an input's reads leave its tensor for some point of the iteration space (a padded
 /// convolution's border, read as zeros).
 pub(super) fn reads_leave(op: &ComputeOp, input: usize) -> bool {
-    let Some(a) = op.inputs.get(input) else {
-        return false;
-    };
-    a.indices.iter().zip(&a.tensor.shape).any(|(e, &dim)| {
-        let (mut lo, mut hi) = (e.constant, e.constant);
-        for &(v, c) in &e.terms {
-            let top = c.saturating_mul(op.iter_vars[v].extent.saturating_sub(1) as i64);
-            if c < 0 {
-                lo = lo.saturating_add(top);
-            } else {
-                hi = hi.saturating_add(top);
-            }
-        }
-        lo < 0 || hi >= dim as i64
+    op.inputs.get(input).is_some_and(|a| {
+        a.indices
+            .iter()
+            .zip(&a.tensor.shape)
+            .any(|(e, &dim)| index_range(op, e).is_none_or(|(lo, hi)| lo < 0 || hi >= dim as i64))
     })
+}
+
+/// Bytes of input `input` copied padded: every index its reads take, per dimension.
+fn padded_bytes(op: &ComputeOp, input: usize) -> Option<u64> {
+    let a = op.inputs.get(input)?;
+    a.indices
+        .iter()
+        .try_fold(a.tensor.dtype.bytes() as u64, |acc, e| {
+            let (lo, hi) = index_range(op, e)?;
+            acc.checked_mul(u64::try_from(hi.checked_sub(lo)?.checked_add(1)?).ok()?)
+        })
 }
 
 /// The largest divisor of `extent` not above `cap` (1 divides everything).
