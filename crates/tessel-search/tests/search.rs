@@ -460,6 +460,8 @@ fn the_amx_direct_seed_ends_its_tiles_with_the_image_row_and_pads_the_input_once
         .filter(|l| l.contains("(14-row tiles)"))
         .collect();
     assert_eq!(partial.len(), 1, "{partial:?}");
+    // A is read from its padded copy, 58 x 58 x 64 bf16, not copied per block.
+    assert!(partial[0].contains("A <- I: Pad (430592 B)"), "{partial:?}");
     let seed = space
         .seeds()
         .into_iter()
