@@ -78,3 +78,23 @@ impl Rng {
         self.below(100) < percent
     }
 }
+
+/// `label: error` for each candidate that did not measure.
+pub fn failures(labels: &[String], results: &[tessel_measure::MeasureResult]) -> Vec<String> {
+    labels
+        .iter()
+        .zip(results)
+        .filter_map(|(l, r)| r.as_ref().err().map(|e| format!("{l}: {e}")))
+        .collect()
+}
+
+/// Panics with every candidate that did not measure.
+pub fn assert_all_ok(labels: &[String], results: &[tessel_measure::MeasureResult]) {
+    let failures = failures(labels, results);
+    assert!(
+        failures.is_empty(),
+        "{} failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{CPU_INSTRUCTIONS, dtypes, measurer, report_emulated};
+use common::{CPU_INSTRUCTIONS, assert_all_ok, dtypes, measurer, report_emulated};
 use tessel_cpu::reference::reference_gemm;
 use tessel_intrin::{Catalog, TransformKind, match_op};
 use tessel_ir::{LayoutTransform, Scope, Trace, Workload};
@@ -11,20 +11,6 @@ use tessel_measure::{Candidate, Measurer};
 
 fn workload(spec: &str) -> Workload {
     spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}"))
-}
-
-fn assert_all_ok(labels: &[String], results: &[tessel_measure::MeasureResult]) {
-    let failures: Vec<String> = labels
-        .iter()
-        .zip(results)
-        .filter_map(|(l, r)| r.as_ref().err().map(|e| format!("{l}: {e}")))
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{} failed:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
 }
 
 #[test]

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{dtypes, measurer, report_emulated};
+use common::{assert_all_ok, dtypes, failures, measurer, report_emulated};
 use proptest::prelude::*;
 use tessel_cpu::codegen::generate;
 use tessel_intrin::Catalog;
@@ -117,13 +117,7 @@ fn partial_tiles_read_the_padded_input_in_place_and_compute_the_reference() {
             cands.push(Candidate::new(op, t));
         }
     }
-    let results = measurer(true).measure(&cands);
-    let failures: Vec<String> = labels
-        .iter()
-        .zip(&results)
-        .filter_map(|(l, r)| r.as_ref().err().map(|e| format!("{l}: {e}")))
-        .collect();
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_all_ok(&labels, &measurer(true).measure(&cands));
     report_emulated(&["amx.tdpbf16ps", "amx.tdpbusd"]);
 }
 
@@ -259,12 +253,7 @@ proptest! {
             labels.push(format!("{spec}: {t}"));
             cands.push(Candidate::new(op, t));
         }
-        let results = measurer(true).measure(&cands);
-        let failures: Vec<String> = labels
-            .iter()
-            .zip(&results)
-            .filter_map(|(l, r)| r.as_ref().err().map(|e| format!("{l}: {e}")))
-            .collect();
-        prop_assert!(failures.is_empty(), "{}", failures.join("\n"));
+        let failed = failures(&labels, &measurer(true).measure(&cands));
+        prop_assert!(failed.is_empty(), "{}", failed.join("\n"));
     }
 }

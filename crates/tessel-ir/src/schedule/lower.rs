@@ -302,21 +302,10 @@ impl<'s> Lowering<'s> {
                 });
             }
             let vars: Vec<usize> = (first..first + extents.len()).collect();
-            extents
-                .iter()
-                .enumerate()
-                .rev()
-                .fold(body(&vars), |b, (d, &e)| {
-                    Stmt::For(For {
-                        var: vars[d],
-                        extent: e,
-                        kind: LoopKind::Serial,
-                        reduction: false,
-                        pipeline_stages: None,
-                        annotations: BTreeMap::new(),
-                        body: Box::new(b),
-                    })
-                })
+            serial_nest(
+                vars.iter().copied().zip(extents.iter().copied()),
+                body(&vars),
+            )
         };
         // The border is zeroed slab by slab (a dimension's indices before and after the
         // tensor, every other dimension whole), then the tensor's part of the footprint is
@@ -423,17 +412,10 @@ impl<'s> Lowering<'s> {
             guards: Vec::new(),
             step: Some(step),
         };
-        let pack_nest = shape.iter().enumerate().rev().fold(copy, |b, (d, &e)| {
-            Stmt::For(For {
-                var: first_var + d,
-                extent: e,
-                kind: LoopKind::Serial,
-                reduction: false,
-                pipeline_stages: None,
-                annotations: BTreeMap::new(),
-                body: Box::new(b),
-            })
-        });
+        let pack_nest = serial_nest(
+            shape.iter().enumerate().map(|(d, &e)| (first_var + d, e)),
+            copy,
+        );
         self.attached[0].push(pack_nest);
         self.allocs[0].push(pb);
         Ok(BufferRef {
@@ -691,6 +673,21 @@ fn is_thread_level(kind: LoopKind) -> bool {
         kind,
         LoopKind::Bound(GpuAxis::Warp | GpuAxis::ThreadX | GpuAxis::ThreadY | GpuAxis::ThreadZ)
     )
+}
+
+/// Serial loops `(variable, extent)`, outermost first, around `body`.
+fn serial_nest(loops: impl DoubleEndedIterator<Item = (usize, u64)>, body: Stmt) -> Stmt {
+    loops.rev().fold(body, |b, (var, extent)| {
+        Stmt::For(For {
+            var,
+            extent,
+            kind: LoopKind::Serial,
+            reduction: false,
+            pipeline_stages: None,
+            annotations: BTreeMap::new(),
+            body: Box::new(b),
+        })
+    })
 }
 
 /// For a layout transform: the packed buffer's index given the original index expressions
