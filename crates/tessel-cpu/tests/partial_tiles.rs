@@ -50,7 +50,7 @@ fn partial_tiles_read_the_padded_input_in_place_and_compute_the_reference() {
     for id in ["amx.tdpbf16ps", "amx.tdpbusd"] {
         let k_tile = if id == "amx.tdpbf16ps" { 32 } else { 64 };
         // (spec, rows): 14 rows of a 14-pixel row, padded; 12 of 12 at stride 2 with a bias
-        // and ReLU; 10 of a 10-wide 5x5 window padded by 2.
+        // and ReLU; 10 of a 10-wide 5x5 window padded by 2; 8 of 8 with a bias.
         for (spec, rows) in [
             (
                 format!(
@@ -72,6 +72,13 @@ fn partial_tiles_read_the_padded_input_in_place_and_compute_the_reference() {
                     dtypes(id)
                 ),
                 10,
+            ),
+            (
+                format!(
+                    "conv2d:n=1,h=8,w=8,c={k_tile},k=64,r=3,s=3,stride=1,pad=1,layout=nhwc,{},epilogue=bias",
+                    dtypes(id)
+                ),
+                8,
             ),
         ] {
             let op = workload(&spec).to_op();
@@ -104,13 +111,21 @@ fn partial_tiles_read_the_padded_input_in_place_and_compute_the_reference() {
                 !src.contains(" ? I["),
                 "{spec}: the padding pass tests bounds:\n{src}"
             );
-            // The accumulator lives per register block: its tiles start at zero, and go
-            // straight to the output unless an epilogue (bias, ReLU) comes between.
-            assert!(src.contains("_tile_zero(0);"), "{spec}:\n{src}");
-            let epilogue = spec.contains("epilogue");
+            // The accumulator lives per register block: its tiles start at zero (or at the
+            // bias) and go straight to the output unless a ReLU comes between.
+            let (bias, relu) = (spec.contains("bias"), spec.contains("relu"));
+            assert!(
+                src.contains("_tile_zero(0);") || (bias && !relu),
+                "{spec}:\n{src}"
+            );
             assert_eq!(
                 src.contains("straight to the output"),
-                !epilogue,
+                !relu,
+                "{spec}:\n{src}"
+            );
+            assert_eq!(
+                src.contains("the bias in every row"),
+                bias && !relu,
                 "{spec}:\n{src}"
             );
             labels.push(format!("{id} {spec}"));

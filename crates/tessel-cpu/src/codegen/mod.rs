@@ -247,6 +247,14 @@ struct Gen<'p> {
     acc_fusion: Option<AccFusion>,
 }
 
+/// A store an AMX register block may take over ([`AccFusion::store`]).
+#[derive(Clone)]
+struct FusedStore {
+    dst: BufferRef,
+    acc: BufferRef,
+    bias: Option<BufferRef>,
+}
+
 /// An accumulator buffer between its zero fill and its store, for the AMX register block
 /// that computes all of it ([`Gen::acc_fusion`]).
 struct AccFusion {
@@ -255,9 +263,10 @@ struct AccFusion {
     /// How many loops enclosed the fill: the block may start at zero only where every loop
     /// opened since runs once.
     depth: usize,
-    /// The store after it, `(dst, acc)`, where it only copies the accumulator (no epilogue,
-    /// no guard, the same type).
-    store: Option<(BufferRef, BufferRef)>,
+    /// The store after it, where it only copies the accumulator (no guard, the same type)
+    /// or adds a bias of that type to it: the output, the accumulator, and the bias's
+    /// element as a function of the loop variables.
+    store: Option<FusedStore>,
     /// What the block took over.
     zeroed_in_tiles: bool,
     stored_direct: bool,
@@ -340,15 +349,36 @@ impl<'p> Gen<'p> {
         if calls != 1 || others {
             zeroed = usize::MAX;
         }
-        let copy = store.and_then(store_nest).filter(|(dst, acc)| {
-            acc.buffer == zeroed
-                && self.p.op.epilogue.is_empty()
-                && self.p.buffers[dst.buffer].dtype == self.p.buffers[acc.buffer].dtype
+        let at = |b: usize| self.p.buffers[b].dtype;
+        let copy = store.and_then(store_nest).and_then(|n| {
+            if n.acc.buffer != zeroed || at(n.dst.buffer) != at(n.acc.buffer) {
+                return None;
+            }
+            // Nothing to apply, or one bias in the accumulator's type (the tiles start from it).
+            let bias = match self.p.op.epilogue.as_slice() {
+                [] => None,
+                [Epilogue::Bias(b)] => {
+                    let buffer = *n.biases.first()?;
+                    if at(buffer) != at(n.acc.buffer) {
+                        return None;
+                    }
+                    Some(BufferRef {
+                        buffer,
+                        index: b.indices.iter().map(|a| a.at(n.point)).collect(),
+                    })
+                }
+                _ => return None,
+            };
+            Some(FusedStore {
+                dst: n.dst.clone(),
+                acc: n.acc.clone(),
+                bias,
+            })
         });
         let outer = self.acc_fusion.replace(AccFusion {
             zeroed,
             depth: self.bound.len(),
-            store: copy.map(|(d, a)| (d.clone(), a.clone())),
+            store: copy,
             zeroed_in_tiles: false,
             stored_direct: false,
         });
@@ -1036,8 +1066,15 @@ fn fill_nest(s: &Stmt) -> Option<(usize, u64)> {
     }
 }
 
-/// `(dst, acc)` of a nest of loops around one unguarded store to the output.
-fn store_nest(s: &Stmt) -> Option<(&BufferRef, &BufferRef)> {
+/// The one unguarded store to the output a nest of loops holds.
+struct StoreNest<'s> {
+    dst: &'s BufferRef,
+    acc: &'s BufferRef,
+    point: &'s [Expr],
+    biases: &'s [usize],
+}
+
+fn store_nest(s: &Stmt) -> Option<StoreNest<'_>> {
     let mut s = s;
     loop {
         match s {
@@ -1045,10 +1082,19 @@ fn store_nest(s: &Stmt) -> Option<(&BufferRef, &BufferRef)> {
             Stmt::Store {
                 dst,
                 acc,
+                point,
+                biases,
                 guards,
                 accumulate: false,
                 ..
-            } if guards.is_empty() => return Some((dst, acc)),
+            } if guards.is_empty() => {
+                return Some(StoreNest {
+                    dst,
+                    acc,
+                    point,
+                    biases,
+                });
+            }
             _ => return None,
         }
     }

@@ -531,19 +531,28 @@ impl Gen<'_> {
                         .iter()
                         .all(|&v| self.p.vars[v].extent == 1)
             });
-        let store_to: Option<(Vec<String>, i64)> = if zero_in_tiles {
+        // (the output's tiles, their row stride, the bias rows each tile starts from)
+        type Direct = (Vec<String>, i64, Option<Vec<String>>);
+        let store_to: Option<Direct> = if zero_in_tiles {
             self.acc_fusion
                 .as_ref()
                 .and_then(|f| f.store.clone())
-                .filter(|(_, src)| *src == call.acc)
-                .and_then(|(dst, _)| {
-                    let s = self.direct_stride(&ins, &dst, Role::C, lv)?;
+                .filter(|f| f.acc == call.acc)
+                .and_then(|f| {
+                    let s = self.direct_stride(&ins, &f.dst, Role::C, lv)?;
                     let bytes = ins.dtype(Role::C).bytes() as i64;
-                    let ptrs = c_points
-                        .iter()
-                        .map(|vals| self.tile_ptr(&dst, lv, vals))
-                        .collect();
-                    Some((ptrs, s * bytes))
+                    let at = |r: &BufferRef| -> Vec<String> {
+                        c_points
+                            .iter()
+                            .map(|vals| self.tile_ptr(r, lv, vals))
+                            .collect()
+                    };
+                    let bias = match &f.bias {
+                        None => None,
+                        Some(b) if self.bias_row(&ins, b, lv) => Some(at(b)),
+                        Some(_) => return None,
+                    };
+                    Some((at(&f.dst), s * bytes, bias))
                 })
         } else {
             None
@@ -554,7 +563,13 @@ impl Gen<'_> {
         }
         if let Family::Amx { dp } = ins.family {
             for (t, f) in frags[2].iter().enumerate() {
-                if zero_in_tiles {
+                if let Some((_, _, Some(bias))) = &store_to {
+                    // Every row of the tile starts from the same bias row (stride 0).
+                    self.line(&format!(
+                        "_tile_loadd({}, {}, 0);  /* the bias in every row */",
+                        acc_tiles[t], bias[t]
+                    ));
+                } else if zero_in_tiles {
                     self.line(&format!("_tile_zero({});", acc_tiles[t]));
                 } else {
                     self.line(&format!("_tile_loadd({}, {f}, {sc});", acc_tiles[t]));
@@ -594,7 +609,7 @@ impl Gen<'_> {
             }
             self.close_loops(held.len());
             match &store_to {
-                Some((ptrs, stride)) => {
+                Some((ptrs, stride, _)) => {
                     for (t, f) in ptrs.iter().enumerate() {
                         self.line(&format!(
                             "_tile_stored({}, {f}, {stride});  /* straight to the output */",
@@ -669,6 +684,29 @@ impl Gen<'_> {
     }
 
     /// The headers of a register block's held loops, outermost first.
+    /// Whether bias reference `b` reads one row the accumulator tile's rows share: the same
+    /// element for every row (m), consecutive elements along the columns (n), inside its
+    /// buffer.
+    fn bias_row(&self, ins: &Instr, b: &BufferRef, lv: [usize; 3]) -> bool {
+        if !self.in_bounds(b) || b.index.iter().any(|e| e.uses(lv[0])) {
+            return false;
+        }
+        let flat = self.flat(b);
+        let n = self.p.vars.len();
+        let corners = [
+            vec![0i64; n],
+            self.p.vars.iter().map(|v| v.extent as i64 - 1).collect(),
+        ];
+        corners.into_iter().all(|mut vals| {
+            vals[lv[1]] = 0;
+            let base = flat.eval(&vals);
+            (0..ins.n()).all(|j| {
+                vals[lv[1]] = j;
+                flat.eval(&vals) - base == j
+            })
+        })
+    }
+
     fn open_loops(&mut self, held: &[&For]) {
         for f in held {
             let h = self.loop_header(f);
