@@ -206,20 +206,6 @@ fn strides(op: &ComputeOp, input: usize) -> Vec<i64> {
     (0..op.iter_vars.len()).map(|v| o.stride(v)).collect()
 }
 
-/// Whether input `input`'s affine indices can leave its bounds (convolution padding).
-fn may_read_outside(op: &ComputeOp, input: usize) -> bool {
-    let o = &op.inputs[input];
-    o.indices.iter().zip(&o.tensor.shape).any(|(e, &n)| {
-        let (mut lo, mut hi) = (e.constant, e.constant);
-        for &(v, c) in &e.terms {
-            let span = c * (op.iter_vars[v].extent as i64 - 1);
-            lo += span.min(0);
-            hi += span.max(0);
-        }
-        lo < 0 || hi >= n as i64
-    })
-}
-
 /// Whether a fused group (outermost first) advances memory by one constant stride.
 fn uniform(group: &[usize], stride: &[i64], op: &ComputeOp) -> bool {
     group
@@ -383,7 +369,7 @@ fn build(
         // (a convolution's border), which a tile load would take from neighbouring memory.
         let padded = dims[rows].padded != dims[rows].extent
             || dims[cols].padded != dims[cols].extent
-            || may_read_outside(op, input);
+            || op.reads_outside(input);
         let windows = op.inputs[input].indices.iter().any(|e| e.terms.len() > 1);
         let want = if slot == 0 { intr.a } else { intr.b };
         let convert = (op.inputs[input].tensor.dtype != want).then_some(want);

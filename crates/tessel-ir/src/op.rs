@@ -215,6 +215,33 @@ pub struct ComputeOp {
 }
 
 impl ComputeOp {
+    /// The smallest and largest value `e` takes over the whole iteration space; None where a
+    /// variable is out of range or the arithmetic overflows.
+    pub fn index_range(&self, e: &AffineExpr) -> Option<(i64, i64)> {
+        let (mut lo, mut hi) = (e.constant, e.constant);
+        for &(v, c) in &e.terms {
+            let last = i64::try_from(self.iter_vars.get(v)?.extent.saturating_sub(1)).ok()?;
+            let span = c.checked_mul(last)?;
+            if span < 0 {
+                lo = lo.checked_add(span)?;
+            } else {
+                hi = hi.checked_add(span)?;
+            }
+        }
+        Some((lo, hi))
+    }
+
+    /// Whether input `input`'s reads leave its tensor for some point of the iteration space (a
+    /// padded convolution's border, read as zeros); true where the range cannot be computed.
+    pub fn reads_outside(&self, input: usize) -> bool {
+        self.inputs.get(input).is_some_and(|o| {
+            o.indices.iter().zip(&o.tensor.shape).any(|(e, &n)| {
+                self.index_range(e)
+                    .is_none_or(|(lo, hi)| lo < 0 || hi >= n as i64)
+            })
+        })
+    }
+
     /// Checks that the parts fit: unique names, in-range variables, ranks that match shapes, an
     /// output indexed by exactly the spatial variables, each once.
     pub fn validate(&self) -> Result<(), OpError> {
@@ -586,6 +613,20 @@ impl fmt::Display for ComputeOp {
 #[cfg(test)]
 mod tests {
     use crate::Workload;
+
+    #[test]
+    fn a_padded_convolutions_input_reads_outside_its_tensor() {
+        // I[n, p + r - 1, q + s - 1, c] over p, q < 56 and r, s < 3: rows -1 to 56.
+        let w: Workload =
+            "conv2d:n=1,h=56,w=56,c=8,k=8,r=3,s=3,stride=1,pad=1,layout=nhwc,dtype=f32"
+                .parse()
+                .expect("spec");
+        let op = w.to_op();
+        assert_eq!(op.index_range(&op.inputs[0].indices[1]), Some((-1, 56)));
+        assert!(op.reads_outside(0) && !op.reads_outside(1));
+        let w: Workload = "gemm:m=4,n=6,k=8,dtype=f32".parse().expect("spec");
+        assert!(!w.to_op().reads_outside(0));
+    }
 
     #[test]
     fn operand_strides_follow_the_row_major_layout() {

@@ -44,6 +44,11 @@ impl Instr<'_> {
         self.rows
     }
 
+    /// Rows of a B tile (AMX): k in slots of `group` elements.
+    pub(super) fn b_rows(&self) -> u8 {
+        (self.k() / self.group) as u8
+    }
+
     /// An AMX call on tiles of fewer than the instruction's 16 rows: its A and C tiles need
     /// a tile configuration of their own ([`Gen::amx_tiles`]).
     pub(super) fn partial_rows(&self) -> bool {

@@ -328,11 +328,11 @@ impl<'p> Gen<'p> {
     /// (the fill is then left out) and stored them to the output (the store too).
     fn acc_fusion(
         &mut self,
+        mut zeroed: usize,
         fill: &Stmt,
         next: &Stmt,
-        store: Option<&Stmt>,
+        store: Option<(&Stmt, StoreNest)>,
     ) -> Result<(), CodegenError> {
-        let mut zeroed = fill_nest(fill).map(|(b, _)| b).unwrap_or(usize::MAX);
         // Only where one tensorized call, into this buffer, is all that writes in between.
         let (mut calls, mut others) = (0, false);
         next.walk(&mut |s| match s {
@@ -350,7 +350,7 @@ impl<'p> Gen<'p> {
             zeroed = usize::MAX;
         }
         let at = |b: usize| self.p.buffers[b].dtype;
-        let copy = store.and_then(store_nest).and_then(|n| {
+        let copy = store.and_then(|(_, n)| {
             if n.acc.buffer != zeroed || at(n.dst.buffer) != at(n.acc.buffer) {
                 return None;
             }
@@ -393,7 +393,7 @@ impl<'p> Gen<'p> {
             self.stmt(fill)?;
         }
         self.out.push_str(&middle);
-        if let Some(st) = store
+        if let Some((st, _)) = store
             && !stored_direct
         {
             self.stmt(st)?;
@@ -693,11 +693,11 @@ impl<'p> Gen<'p> {
                 while i < v.len() {
                     // An accumulator's fill, what computes it and its store: on AMX, maybe
                     // all in the register block's tiles.
-                    let fill = self.uses_amx
-                        && fill_nest(&v[i]).is_some_and(|(b, n)| n == self.p.buffers[b].elements());
-                    if fill && i + 1 < v.len() {
-                        let store = v.get(i + 2).filter(|s| store_nest(s).is_some());
-                        self.acc_fusion(&v[i], &v[i + 1], store)?;
+                    let zeroed = fill_nest(&v[i])
+                        .filter(|&(b, n)| self.uses_amx && n == self.p.buffers[b].elements());
+                    if let (Some((zeroed, _)), Some(next)) = (zeroed, v.get(i + 1)) {
+                        let store = v.get(i + 2).and_then(|s| Some((s, store_nest(s)?)));
+                        self.acc_fusion(zeroed, &v[i], next, store)?;
                         i += 2 + usize::from(store.is_some());
                         continue;
                     }
@@ -1067,6 +1067,7 @@ fn fill_nest(s: &Stmt) -> Option<(usize, u64)> {
 }
 
 /// The one unguarded store to the output a nest of loops holds.
+#[derive(Clone, Copy)]
 struct StoreNest<'s> {
     dst: &'s BufferRef,
     acc: &'s BufferRef,

@@ -197,10 +197,7 @@ impl Gen<'_> {
             Family::Amx { dp } => {
                 let [tc, ta, tb] = if ins.partial_rows() {
                     let r = ins.rows as u8;
-                    match self
-                        .amx_tiles(&[r, r, ins.k() as u8 / ins.group as u8])
-                        .as_deref()
-                    {
+                    match self.amx_tiles(&[r, r, ins.b_rows()]).as_deref() {
                         Some(&[c, a, b]) => [c, a, b],
                         _ => {
                             return Err(CodegenError::Unsupported {
@@ -468,7 +465,7 @@ impl Gen<'_> {
                 let avail = 8 - n_acc;
                 let b_slots = frags[1].len().min(avail - 1);
                 let a_slots = (avail - b_slots).min(frags[0].len());
-                let (r, rb) = (ins.rows as u8, (ins.k() / ins.group) as u8);
+                let (r, rb) = (ins.rows as u8, ins.b_rows());
                 let mut want = vec![r; n_acc + a_slots];
                 want.extend(std::iter::repeat_n(rb, b_slots));
                 let Some(tiles) = self.amx_tiles(&want) else {

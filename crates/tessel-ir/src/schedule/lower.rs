@@ -258,17 +258,10 @@ impl<'s> Lowering<'s> {
         let mut low = Vec::new();
         let mut shape = Vec::new();
         for a in &input.indices {
-            let (mut lo, mut hi) = (a.constant, a.constant);
-            for &(v, c) in &a.terms {
-                let top = (self.op.iter_vars[v].extent.saturating_sub(1) as i64)
-                    .checked_mul(c)
-                    .ok_or_else(|| lower_err("a padded index overflows".into()))?;
-                if c < 0 {
-                    lo += top;
-                } else {
-                    hi += top;
-                }
-            }
+            let (lo, hi) = self
+                .op
+                .index_range(a)
+                .ok_or_else(|| lower_err("a padded index overflows".into()))?;
             low.push(lo);
             shape.push((hi - lo + 1).max(1) as u64);
         }

@@ -198,7 +198,7 @@ impl Space {
             // Pixel blocks outside the channel blocks: the accumulator lives per register
             // block, which then starts its tiles at zero and stores them to the output.
             *order = 1;
-            if reads_leave(&self.op, self.mappings[on].mapping.operands[0]) {
+            if self.op.reads_outside(self.mappings[on].mapping.operands[0]) {
                 *cache_a = Some(PAD_A);
             }
         }
@@ -635,7 +635,7 @@ pub(super) fn partial_row_mapping(
         .iter_mut()
         .find(|t| t.input == input.tensor.name)
     {
-        let (kind, bytes) = if reads_leave(op, a) {
+        let (kind, bytes) = if op.reads_outside(a) {
             (TransformKind::Pad, padded_bytes(op, a)?)
         } else {
             (TransformKind::Direct, 0)
@@ -648,38 +648,13 @@ pub(super) fn partial_row_mapping(
     })
 }
 
-/// The range an input index takes over the whole iteration space.
-fn index_range(op: &ComputeOp, e: &tessel_ir::AffineExpr) -> Option<(i64, i64)> {
-    let (mut lo, mut hi) = (e.constant, e.constant);
-    for &(v, c) in &e.terms {
-        let top = c.checked_mul(op.iter_vars.get(v)?.extent.saturating_sub(1) as i64)?;
-        if c < 0 {
-            lo = lo.checked_add(top)?;
-        } else {
-            hi = hi.checked_add(top)?;
-        }
-    }
-    Some((lo, hi))
-}
-
-/// Whether an input's reads leave its tensor for some point of the iteration space (a padded
-/// convolution's border, read as zeros).
-pub(super) fn reads_leave(op: &ComputeOp, input: usize) -> bool {
-    op.inputs.get(input).is_some_and(|a| {
-        a.indices
-            .iter()
-            .zip(&a.tensor.shape)
-            .any(|(e, &dim)| index_range(op, e).is_none_or(|(lo, hi)| lo < 0 || hi >= dim as i64))
-    })
-}
-
 /// Bytes of input `input` copied padded: every index its reads take, per dimension.
 fn padded_bytes(op: &ComputeOp, input: usize) -> Option<u64> {
     let a = op.inputs.get(input)?;
     a.indices
         .iter()
         .try_fold(a.tensor.dtype.bytes() as u64, |acc, e| {
-            let (lo, hi) = index_range(op, e)?;
+            let (lo, hi) = op.index_range(e)?;
             acc.checked_mul(u64::try_from(hi.checked_sub(lo)?.checked_add(1)?).ok()?)
         })
 }
