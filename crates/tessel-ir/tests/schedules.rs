@@ -200,6 +200,36 @@ fn invalid_steps_are_named_in_the_error() {
         ),
         (
             trace(|t| {
+                t.pad(0).pack(
+                    0,
+                    LayoutTransform {
+                        splits: vec![],
+                        order: vec![1, 0],
+                    },
+                );
+            }),
+            "pad it or pack it, not both",
+        ),
+        (
+            trace(|t| {
+                t.pad(1).pad(1);
+            }),
+            "already padded",
+        ),
+        (
+            trace(|t| {
+                t.cache_read(0, scope("local"), None).pad(0);
+            }),
+            "pad input 0 before caching it",
+        ),
+        (
+            trace(|t| {
+                t.pad(5);
+            }),
+            "no input 5",
+        ),
+        (
+            trace(|t| {
                 t.tensorize("nope", &[], &[0, 1]);
             }),
             "unknown intrinsic",
