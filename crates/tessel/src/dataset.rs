@@ -591,18 +591,18 @@ fn search_model(
     set: &InstructionSet,
     progress: &mut dyn Progress,
 ) -> Result<Box<dyn CostModel>> {
-    if o.search_share > 0.0
-        && o.target == TargetSpec::Cpu
-        && let Some((path, m)) = crate::tune::shipped_model(progress)
-    {
-        let features = tessel_features::Target::from_fingerprint(fp)?;
+    if o.search_share > 0.0 && o.target == TargetSpec::Cpu {
         let platform: std::collections::BTreeSet<String> = match set {
             InstructionSet::Only(ids) => ids.iter().cloned().collect(),
             _ => Default::default(),
         };
+        let Some((path, m)) = crate::tune::shipped_model(&platform, progress) else {
+            return Ok(Box::new(RandomModel::new(o.seed)));
+        };
+        let features = tessel_features::Target::from_fingerprint(fp)?;
         if let crate::tune::Familiarity::Unseen(ids) = crate::tune::Familiarity::of(&m, &platform) {
             progress.note(&format!(
-                "note: the shipped model was trained on none of {}; search rounds rank by the roofline",
+                "note: no shipped model was trained on {}; search rounds rank by the roofline",
                 ids.join(", ")
             ));
             return Ok(Box::new(tessel_model::RooflineCostModel::new(features)));

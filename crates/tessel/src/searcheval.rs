@@ -18,8 +18,8 @@ use crate::error::{Context, Result, bail};
 use crate::learn::load_model;
 use crate::progress::Progress;
 use crate::tune::{
-    ModelChoice, TuneOptions, check_search_options, cpu_instructions, read_log_noting_raw,
-    shipped_model, tune,
+    ModelChoice, TuneOptions, check_search_options, cpu_instructions, host_instructions,
+    read_log_noting_raw, shipped_model, tune,
 };
 
 /// What to tune, how often and where the runs' logs go.
@@ -249,12 +249,19 @@ pub fn search_eval(o: &SearchEvalOptions, progress: &mut dyn Progress) -> Result
     }
     let model_name = match &o.model {
         ModelChoice::Shipped => {
-            if shipped_model(progress).is_none() {
-                bail!(
+            // The one `tune` will choose for these instructions (all of this CPU's without
+            // `--instructions`), named in the settings so that a resumed run keeps it.
+            let ids: std::collections::BTreeSet<String> = if o.instructions.is_empty() {
+                host_instructions()
+            } else {
+                cpu_instructions(&o.instructions)?.into_iter().collect()
+            };
+            match shipped_model(&ids, progress) {
+                Some((path, _)) => path,
+                None => bail!(
                     "the shipped model could not be loaded (see the notes above); give --model FILE"
-                );
+                ),
             }
-            "fixtures/models/cpu".to_string()
         }
         ModelChoice::File(p) => {
             // A bad file fails here, before an hour of measurement starts.

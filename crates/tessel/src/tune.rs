@@ -314,14 +314,29 @@ pub fn cpu_instructions(items: &[String]) -> Result<Vec<String>> {
     Ok(ids)
 }
 
+/// The CPU instructions a tune without `--instructions` may map on this machine (opt-in
+/// ones left out).
+pub(crate) fn host_instructions() -> BTreeSet<String> {
+    let catalog = Catalog::default();
+    let host = tessel_intrin::HostCpu::detect();
+    tessel_intrin::CPU_INSTRUCTIONS
+        .iter()
+        .filter(|id| !tessel_intrin::is_opt_in(id))
+        .filter(|id| {
+            catalog
+                .get(id)
+                .is_some_and(|i| matches!(host.supports(i), tessel_intrin::Support::Yes))
+        })
+        .map(|id| id.to_string())
+        .collect()
+}
+
 /// Tunes; appends every measured candidate to `opts.log` before learning from it.
 pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneReport> {
     // Load the model before anything slow, so a bad file fails at once.
     let learned = match &opts.model {
-        ModelChoice::Random | ModelChoice::Roofline => None,
-        // Trained on CPU measurements: GPU targets start from the random ranking.
-        ModelChoice::Shipped if opts.target == TargetSpec::Cpu => shipped_model(progress),
-        ModelChoice::Shipped => None,
+        // The shipped model is chosen once the tasks' instructions are known (below).
+        ModelChoice::Random | ModelChoice::Roofline | ModelChoice::Shipped => None,
         ModelChoice::File(path) => Some((path.display().to_string(), load_model(path)?)),
     };
     check_search_options(opts)?;
@@ -411,11 +426,16 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
                 .map(|m| m.intrinsic.id.to_string())
         })
         .collect();
+    let learned = match opts.model {
+        // Trained on CPU measurements: GPU targets start from the random ranking.
+        ModelChoice::Shipped if opts.target == TargetSpec::Cpu => shipped_model(&mapped, progress),
+        _ => learned,
+    };
     let (learned, roofline) = match learned {
         Some((path, m)) => match Familiarity::of(&m, &mapped) {
             Familiarity::Unseen(ids) if opts.model == ModelChoice::Shipped => {
                 progress.note(&format!(
-                    "note: the shipped model was trained on none of {}; ranking by the roofline instead (`--model fixtures/models/cpu` uses the model anyway)",
+                    "note: no shipped model was trained on {}; ranking by the roofline instead (`--model {path}` uses one anyway)",
                     ids.join(", ")
                 ));
                 (None, true)
@@ -826,37 +846,83 @@ impl Familiarity {
             Familiarity::Partly(unseen)
         }
     }
+
+    /// How many of the instructions the model never saw.
+    fn unseen(&self) -> usize {
+        match self {
+            Familiarity::Seen => 0,
+            Familiarity::Partly(ids) | Familiarity::Unseen(ids) => ids.len(),
+        }
+    }
 }
 
-/// The pretrained model in `fixtures/models/` (see fixtures/README.md), if present and of
-/// this feature schema; otherwise the random cost model is used, with a note.
-pub(crate) fn shipped_model(progress: &mut dyn Progress) -> Option<(String, tessel_model::Model)> {
-    let path = fixtures_dir().join("models/cpu.safetensors");
-    if !path.exists() {
+/// The shipped model for candidates of these instructions: of the pretrained models in
+/// `fixtures/models/` (see fixtures/README.md) of this feature schema, the one trained on
+/// the most of them (`cpu`, the first, on a tie). `None` (with a note) where none loads; the
+/// caller decides what to do with a model that saw none of them.
+pub(crate) fn shipped_model(
+    mapped: &BTreeSet<String>,
+    progress: &mut dyn Progress,
+) -> Option<(String, tessel_model::Model)> {
+    choose_model(
+        &fixtures_dir().join("models"),
+        "fixtures/models",
+        mapped,
+        progress,
+    )
+}
+
+/// [`shipped_model`] over the models in `dir` (named `label/NAME` in notes and reports).
+fn choose_model(
+    dir: &Path,
+    label: &str,
+    mapped: &BTreeSet<String>,
+    progress: &mut dyn Progress,
+) -> Option<(String, tessel_model::Model)> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            name.strip_suffix(".safetensors").map(str::to_string)
+        })
+        .collect();
+    // `cpu` first: the general model wins ties; the others by name, so the choice is stable.
+    names.sort_by_key(|n| (n != SHIPPED_DEFAULT, n.clone()));
+    if names.is_empty() {
         progress.note(&format!(
-            "note: no shipped model at {}; ranking at random",
-            path.display()
+            "note: no shipped model in {}; ranking at random",
+            dir.display()
         ));
         return None;
     }
-    match tessel_model::Model::load(&path) {
-        Ok(m) if m.check_schema(tessel_features::SCHEMA_VERSION).is_ok() => {
-            Some(("fixtures/models/cpu".to_string(), m))
-        }
-        Ok(_) => {
-            progress.note(
-                "note: the shipped model has another feature schema; using the random cost model",
-            );
-            None
-        }
-        Err(e) => {
-            progress.note(&format!(
-                "note: the shipped model did not load ({e}); using the random cost model"
-            ));
-            None
+    let mut best: Option<(usize, String, tessel_model::Model)> = None;
+    for name in names {
+        let shown = format!("{label}/{name}");
+        match tessel_model::Model::load(&dir.join(format!("{name}.safetensors"))) {
+            Ok(m) if m.check_schema(tessel_features::SCHEMA_VERSION).is_ok() => {
+                let unseen = Familiarity::of(&m, mapped).unseen();
+                if best.as_ref().is_none_or(|b| unseen < b.0) {
+                    best = Some((unseen, shown, m));
+                }
+            }
+            Ok(_) => progress.note(&format!(
+                "note: the shipped model {shown} has another feature schema; left out"
+            )),
+            Err(e) => progress.note(&format!(
+                "note: the shipped model {shown} did not load ({e}); left out"
+            )),
         }
     }
+    if best.is_none() {
+        progress.note("note: no shipped model loaded; ranking at random");
+    }
+    best.map(|(_, path, m)| (path, m))
 }
+
+/// The shipped model's name that wins ties (the one trained on the most instructions).
+const SHIPPED_DEFAULT: &str = "cpu";
 
 /// Reads a tuning log, noting each corrupt line it skips. Superseded records (the same
 /// schedule measured again later in the log) are left out: one record per schedule, the
@@ -1007,6 +1073,42 @@ mod tests {
         );
         // Compiled loops alone map no instruction: nothing to be unfamiliar with.
         assert_eq!(Familiarity::of(&model, &BTreeSet::new()), Familiarity::Seen);
+    }
+
+    #[test]
+    fn the_shipped_model_trained_on_the_most_of_a_tunes_instructions_ranks_it() {
+        let dir = std::env::temp_dir().join(format!("tessel-choose-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let save = |name: &str, seen: &[&str]| {
+            let mut m =
+                tessel_model::Model::new(tessel_model::ModelConfig::new(tessel_features::WIDTH), 1)
+                    .unwrap();
+            m.info.provenance = serde_json::json!({ "instructions": seen });
+            m.save(&dir.join(format!("{name}.safetensors"))).unwrap();
+        };
+        let ids = |v: &[&str]| -> BTreeSet<String> { v.iter().map(|s| s.to_string()).collect() };
+        let chosen = |mapped: &[&str]| {
+            let mut notes = crate::progress::Notes::default();
+            choose_model(&dir, "m", &ids(mapped), &mut notes).map(|(p, _)| p)
+        };
+        save("cpu", &["avx2.vfmadd231ps", "avx512.vpdpbusd"]);
+        save("cpu-amx", &["amx.tdpbf16ps", "amx.tdpbusd"]);
+        // A file that is no model is noted and passed over, never chosen.
+        std::fs::write(dir.join("broken.safetensors"), b"not a model").unwrap();
+        assert_eq!(chosen(&["amx.tdpbf16ps"]).as_deref(), Some("m/cpu-amx"));
+        assert_eq!(chosen(&["avx2.vfmadd231ps"]).as_deref(), Some("m/cpu"));
+        // Ties (here: neither saw it, or nothing mapped) go to the general model.
+        assert_eq!(chosen(&["avx512.vfmadd231ps"]).as_deref(), Some("m/cpu"));
+        assert_eq!(chosen(&[]).as_deref(), Some("m/cpu"));
+        // All of this CPU's instructions: the model that saw more of them.
+        assert_eq!(
+            chosen(&["amx.tdpbf16ps", "amx.tdpbusd", "avx512.vpdpbusd"]).as_deref(),
+            Some("m/cpu-amx")
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        let mut notes = crate::progress::Notes::default();
+        assert!(choose_model(&dir, "m", &ids(&[]), &mut notes).is_none());
+        assert!(notes.0[0].contains("no shipped model"), "{:?}", notes.0);
     }
 
     fn report(found: bool) -> TuneReport {
