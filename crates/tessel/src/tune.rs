@@ -906,6 +906,9 @@ fn choose_model(
                 if best.as_ref().is_none_or(|b| unseen < b.0) {
                     best = Some((unseen, shown, m));
                 }
+                if unseen == 0 {
+                    break; // none can do better: the rest need not be read
+                }
             }
             Ok(_) => progress.note(&format!(
                 "note: the shipped model {shown} has another feature schema; left out"
@@ -1096,6 +1099,13 @@ mod tests {
         // A file that is no model is noted and passed over, never chosen.
         std::fs::write(dir.join("broken.safetensors"), b"not a model").unwrap();
         assert_eq!(chosen(&["amx.tdpbf16ps"]).as_deref(), Some("m/cpu-amx"));
+        let mut notes = crate::progress::Notes::default();
+        choose_model(&dir, "m", &ids(&["amx.tdpbusd"]), &mut notes);
+        assert!(
+            notes.0.iter().any(|n| n.contains("m/broken did not load")),
+            "{:?}",
+            notes.0
+        );
         assert_eq!(chosen(&["avx2.vfmadd231ps"]).as_deref(), Some("m/cpu"));
         // Ties (here: neither saw it, or nothing mapped) go to the general model.
         assert_eq!(chosen(&["avx512.vfmadd231ps"]).as_deref(), Some("m/cpu"));
