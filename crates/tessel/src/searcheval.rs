@@ -251,12 +251,12 @@ pub fn search_eval(o: &SearchEvalOptions, progress: &mut dyn Progress) -> Result
         ModelChoice::Shipped => {
             // The one `tune` will choose for these instructions (all of this CPU's without
             // `--instructions`), named in the settings so that a resumed run keeps it.
-            let ids: std::collections::BTreeSet<String> = if o.instructions.is_empty() {
+            let ids = if o.instructions.is_empty() {
                 host_instructions()
             } else {
-                cpu_instructions(&o.instructions)?.into_iter().collect()
+                cpu_instructions(&o.instructions)?
             };
-            match shipped_model(&ids, progress) {
+            match shipped_model(&ids.into_iter().collect(), progress) {
                 Some((path, _)) => path,
                 None => bail!(
                     "the shipped model could not be loaded (see the notes above); give --model FILE"

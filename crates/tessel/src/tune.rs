@@ -316,18 +316,16 @@ pub fn cpu_instructions(items: &[String]) -> Result<Vec<String>> {
 
 /// The CPU instructions a tune without `--instructions` may map on this machine (opt-in
 /// ones left out).
-pub(crate) fn host_instructions() -> BTreeSet<String> {
+pub(crate) fn host_instructions() -> Vec<String> {
     let catalog = Catalog::default();
     let host = tessel_intrin::HostCpu::detect();
-    tessel_intrin::CPU_INSTRUCTIONS
-        .iter()
-        .filter(|id| !tessel_intrin::is_opt_in(id))
+    tessel_intrin::default_cpu_instructions()
         .filter(|id| {
             catalog
                 .get(id)
-                .is_some_and(|i| matches!(host.supports(i), tessel_intrin::Support::Yes))
+                .is_some_and(|i| host.supports(i) == tessel_intrin::Support::Yes)
         })
-        .map(|id| id.to_string())
+        .map(|s| s.to_string())
         .collect()
 }
 
@@ -369,17 +367,7 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
     };
     let catalog = Catalog::default();
     let searched: Vec<String> = match &set {
-        InstructionSet::Host => {
-            let host = tessel_intrin::HostCpu::detect();
-            tessel_intrin::default_cpu_instructions()
-                .filter(|id| {
-                    catalog
-                        .get(id)
-                        .is_some_and(|i| host.supports(i) == tessel_intrin::Support::Yes)
-                })
-                .map(|s| s.to_string())
-                .collect()
-        }
+        InstructionSet::Host => host_instructions(),
         InstructionSet::Only(ids) => ids.clone(),
         _ => Vec::new(),
     };
