@@ -33,7 +33,7 @@ fn features_of_a_trace_name_every_column() {
     );
     let stdout = String::from_utf8(out.stdout).unwrap();
     let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
-    assert_eq!(report["schema_version"], 1);
+    assert_eq!(report["schema_version"], tessel_features::SCHEMA_VERSION);
     let columns = report["columns"].as_array().unwrap();
     let tokens = report["tokens"].as_array().unwrap();
     assert!(tokens.len() > 5);

@@ -105,7 +105,10 @@ struct Transform {
 pub(crate) fn extract(program: &Program, target: &Target) -> Result<Features, FeatureError> {
     let mut sites = Vec::new();
     let mut stack = Vec::new();
-    collect(program, &program.body, &mut stack, &mut sites)?;
+    let compiled = Compiled {
+        auto_vectorizes: !target.gpu,
+    };
+    collect(program, &program.body, &compiled, &mut stack, &mut sites)?;
 
     let n_buffers = program.buffers.len();
     let mut data: Vec<[Option<Traffic>; 5]> = vec![Default::default(); n_buffers];
@@ -219,9 +222,16 @@ fn check_divisors(e: &Expr) -> Result<(), FeatureError> {
     }
 }
 
+/// What the compiler of the target's code does beyond what the schedule says.
+struct Compiled {
+    /// gcc -O3 vectorizes a plain innermost loop on its own (CPU targets; see [`vector_loop`]).
+    auto_vectorizes: bool,
+}
+
 fn collect<'p>(
     program: &'p Program,
     stmt: &'p Stmt,
+    compiled: &Compiled,
     stack: &mut Vec<Loop>,
     sites: &mut Vec<Site<'p>>,
 ) -> Result<(), FeatureError> {
@@ -233,12 +243,10 @@ fn collect<'p>(
         call: None,
         guards,
     };
-    let vectorized =
-        |stack: &Vec<Loop>| stack.last().is_some_and(|l| l.kind == LoopKind::Vectorized);
     match stmt {
         Stmt::Seq(v) => {
             for s in v {
-                collect(program, s, stack, sites)?;
+                collect(program, s, compiled, stack, sites)?;
             }
         }
         Stmt::For(f) => {
@@ -252,14 +260,14 @@ fn collect<'p>(
                 reduction: f.reduction,
                 pipeline: f.pipeline_stages.unwrap_or(0),
             });
-            collect(program, &f.body, stack, sites)?;
+            collect(program, &f.body, compiled, stack, sites)?;
             stack.pop();
         }
         Stmt::Allocate { buffer, body } => {
             if *buffer >= program.buffers.len() {
                 return Err(malformed(format!("buffer {buffer} does not exist")));
             }
-            collect(program, body, stack, sites)?;
+            collect(program, body, compiled, stack, sites)?;
         }
         Stmt::Fill { dst, .. } => {
             check_ref(program, dst)?;
@@ -286,12 +294,16 @@ fn collect<'p>(
                 a.push(access(o, true, false));
             }
             a.push(access(acc, true, true));
-            let kind = if vectorized(stack) {
-                SiteKind::Vector
-            } else {
-                SiteKind::Scalar
+            let mut loops = stack.clone();
+            let kind = match vector_loop(program, &loops, &a, guards, compiled) {
+                Some(i) => {
+                    // Counted where the compiled code has it: among the vectorized loops.
+                    loops[i].kind = LoopKind::Vectorized;
+                    SiteKind::Vector
+                }
+                None => SiteKind::Scalar,
             };
-            sites.push(site(kind, stack, a, guards));
+            sites.push(site(kind, &loops, a, guards));
         }
         Stmt::Store {
             dst, acc, guards, ..
@@ -338,6 +350,42 @@ fn collect<'p>(
         Stmt::Barrier => {}
     }
     Ok(())
+}
+
+/// The loop (an index into `loops`) that the compiled code of an update runs in SIMD lanes,
+/// if any: the innermost loop of more than one iteration (the compiler drops the others),
+/// where the schedule vectorized it, or where gcc -O3 vectorizes it by itself. gcc does so
+/// for a serial or unrolled loop whose update writes consecutive accumulator elements and
+/// reads each operand consecutively or not at all along it, with no guard on it, over at
+/// least a 16-byte vector: a depthwise convolution's channel loop over packed weights is
+/// such a loop, one that no `vectorize` step names. (It leaves a reduction into one
+/// element scalar: that would reorder float additions.)
+fn vector_loop(
+    program: &Program,
+    loops: &[Loop],
+    accesses: &[Access],
+    guards: &[Guard],
+    compiled: &Compiled,
+) -> Option<usize> {
+    let i = loops.iter().rposition(|l| l.extent > 1)?;
+    let l = loops[i];
+    match l.kind {
+        LoopKind::Vectorized => return Some(i),
+        LoopKind::Serial | LoopKind::Unrolled if compiled.auto_vectorizes => {}
+        _ => return None,
+    }
+    let (acc, operands) = accesses.split_last()?;
+    let nvars = program.vars.len();
+    let stride = |a: &Access| {
+        let b = &program.buffers[a.buffer];
+        linear_stride(a.index, &b.shape, l.var, nvars)
+    };
+    let acc_bytes = program.buffers[acc.buffer].dtype.bytes() as u64;
+    let vectorizes = stride(acc) == 1
+        && operands.iter().all(|o| matches!(stride(o), 0 | 1))
+        && !guards.iter().any(|g| uses(&g.expr, l.var))
+        && l.extent.saturating_mul(acc_bytes) >= 16;
+    vectorizes.then_some(i)
 }
 
 fn access(r: &BufferRef, read: bool, write: bool) -> Access<'_> {

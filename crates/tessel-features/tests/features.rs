@@ -178,6 +178,67 @@ fn compute_tokens_describe_the_loop_context() {
     assert_eq!(f.compute_tokens().count(), 2);
 }
 
+/// The update's compute token of a gemm 64^3 schedule: (vector flag, log2 of the iterations
+/// counted as vectorized, as serial).
+fn update_kind(trace: &Trace, target: &Target) -> (f32, f32, f32) {
+    let p = program("gemm:m=64,n=64,k=64,dtype=f32", trace);
+    let f = extract(&p, target).unwrap();
+    let update = (0..f.len())
+        .find(|&i| f.get(i, Col::ComputeVector) == 1.0 || f.get(i, Col::ComputeScalar) == 1.0)
+        .expect("an update");
+    (
+        f.get(update, Col::ComputeVector),
+        f.get(update, Col::ComputeVectorized),
+        f.get(update, Col::ComputeSerial),
+    )
+}
+
+#[test]
+fn a_plain_innermost_loop_gcc_vectorizes_counts_as_vector_code() {
+    // `for m.0, n.0, k, m.1: for n.1 (8): acc[m, n] += A[m, k] * B[k, n]`: no vectorize step,
+    // but n.1 writes consecutive accumulator elements and reads B consecutively (A not at
+    // all), which gcc -O3 turns into one 8-lane FMA on AVX2.
+    let mut t = Trace::new();
+    t.split("m", &[8])
+        .split("n", &[8])
+        .reorder(&["m.0", "n.0", "k", "m.1", "n.1"]);
+    assert_eq!(update_kind(&t, &avx2()), (1.0, 3.0, 15.0));
+    // The same with n.1 unrolled: gcc vectorizes it as well.
+    t.unroll("n.1");
+    assert_eq!(update_kind(&t, &avx2()), (1.0, 3.0, 15.0));
+    // A loop of one iteration inside it changes nothing: the compiler drops it.
+    let mut t = Trace::new();
+    t.split("m", &[8])
+        .split("n", &[8, 1])
+        .reorder(&["m.0", "n.0", "k", "m.1", "n.1", "n.2"]);
+    assert_eq!(update_kind(&t, &avx2()), (1.0, 3.0, 15.0));
+    // On a GPU the same loop runs in one thread, lane by lane.
+    let mut t = Trace::new();
+    t.split("m", &[8])
+        .split("n", &[8])
+        .reorder(&["m.0", "n.0", "k", "m.1", "n.1"]);
+    assert_eq!(update_kind(&t, &a100()).0, 0.0);
+}
+
+#[test]
+fn an_innermost_reduction_strided_or_short_loop_stays_scalar() {
+    // k innermost: a sum into one accumulator element, which gcc keeps in order (no fast-math).
+    let mut t = Trace::new();
+    t.reorder(&["m", "n", "k"]);
+    assert_eq!(update_kind(&t, &avx2()), (0.0, 0.0, 18.0));
+    // m innermost: the accumulator and A move by a row (64 elements) per iteration.
+    let mut t = Trace::new();
+    t.reorder(&["n", "k", "m"]);
+    assert_eq!(update_kind(&t, &avx2()).0, 0.0);
+    // Two floats (8 bytes) are less than a vector.
+    let mut t = Trace::new();
+    t.split("n", &[2]).reorder(&["m", "n.0", "k", "n.1"]);
+    assert_eq!(update_kind(&t, &avx2()), (0.0, 0.0, 18.0));
+    // A vectorize step still counts as vector code, whatever the strides.
+    t.vectorize("n.1");
+    assert_eq!(update_kind(&t, &avx2()), (1.0, 1.0, 17.0));
+}
+
 #[test]
 fn utilisation_of_a_padded_mapping() {
     // n = 20 on an 8-wide instruction: three tiles, 20 of 24 columns useful.

@@ -285,7 +285,9 @@ fn bad_model_files_are_clear_errors() {
 
     // Another feature schema: loads, but refuses features of this one.
     let text = std::fs::read_to_string(&json).unwrap();
-    let other = text.replace("\"feature_schema\": 1", "\"feature_schema\": 999");
+    let ours = format!("\"feature_schema\": {}", tessel_features::SCHEMA_VERSION);
+    assert!(text.contains(&ours), "{text}");
+    let other = text.replace(&ours, "\"feature_schema\": 999");
     std::fs::write(&json, &other).unwrap();
     let m = Model::load(&path).unwrap();
     let err = m.check_schema(tessel_features::SCHEMA_VERSION).unwrap_err();
