@@ -235,9 +235,9 @@ fn collect<'p>(
     stack: &mut Vec<Loop>,
     sites: &mut Vec<Site<'p>>,
 ) -> Result<(), FeatureError> {
-    let site = |kind, stack: &Vec<Loop>, accesses, guards| Site {
+    let site = |kind, loops: Vec<Loop>, accesses, guards| Site {
         kind,
-        loops: stack.clone(),
+        loops,
         virtual_loops: 0,
         accesses,
         call: None,
@@ -272,7 +272,7 @@ fn collect<'p>(
         Stmt::Fill { dst, .. } => {
             check_ref(program, dst)?;
             let a = vec![access(dst, false, true)];
-            sites.push(site(SiteKind::Fill, stack, a, &[]));
+            sites.push(site(SiteKind::Fill, stack.clone(), a, &[]));
         }
         Stmt::Copy {
             dst, src, guards, ..
@@ -280,7 +280,7 @@ fn collect<'p>(
             check_ref(program, dst)?;
             check_ref(program, src)?;
             let a = vec![access(src, true, false), access(dst, false, true)];
-            sites.push(site(SiteKind::Copy, stack, a, guards));
+            sites.push(site(SiteKind::Copy, stack.clone(), a, guards));
         }
         Stmt::Update {
             acc,
@@ -303,7 +303,7 @@ fn collect<'p>(
                 }
                 None => SiteKind::Scalar,
             };
-            sites.push(site(kind, &loops, a, guards));
+            sites.push(site(kind, loops, a, guards));
         }
         Stmt::Store {
             dst, acc, guards, ..
@@ -311,7 +311,7 @@ fn collect<'p>(
             check_ref(program, dst)?;
             check_ref(program, acc)?;
             let a = vec![access(acc, true, false), access(dst, false, true)];
-            sites.push(site(SiteKind::Store, stack, a, guards));
+            sites.push(site(SiteKind::Store, stack.clone(), a, guards));
         }
         Stmt::Tensorized(call) => {
             let intr = catalog()
