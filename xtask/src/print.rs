@@ -579,9 +579,63 @@ pub fn transfer(r: &TransferReport) {
         }
     }
     println!("kept: {} (what the saved model is)", r.chosen);
+    if let Some(kept) = r.by_network.first() {
+        println!(
+            "by network, as held-out scores them (each network's test tasks, then the mean over the {} networks):",
+            kept.networks.len()
+        );
+        println!("                                       top-1  top-5  pairwise      tau");
+        for b in &r.by_network {
+            let label = match b.ranking.as_str() {
+                "kept" => format!("kept ({})", r.chosen),
+                "pretrained+trees" => "pretrained+trees (K=0)".to_string(),
+                other => other.to_string(),
+            };
+            println!(
+                "  {label:<36} {:.3}  {:.3}     {:.3}   {:>6.3}",
+                b.mean.top1, b.mean.top5, b.mean.pairwise_accuracy, b.mean.kendall_tau
+            );
+        }
+        let names: Vec<String> = kept
+            .networks
+            .iter()
+            .map(|(n, m)| format!("{n} {:.2}", m.top1))
+            .collect();
+        println!("  kept, top-1 by network: {}", names.join(", "));
+    }
+    losses(
+        "where the kept model's top-1 loses most on the test tasks",
+        &r.task_picks,
+    );
+    losses(
+        "where the model as it came (K=0) loses most on them",
+        &r.before_task_picks,
+    );
     println!("saved {} and {}", r.saved.0.display(), r.saved.1.display());
     if let Some(p) = &r.saved_ensemble {
         println!("saved {} (the kept model's trees)", p.display());
+    }
+}
+
+/// The five tasks that lose a top-1 score most, with their shares of the loss.
+fn losses(title: &str, picks: &[tessel::TaskPick]) {
+    let losing: Vec<_> = picks.iter().filter(|p| p.loss_share > 0.0).collect();
+    if losing.is_empty() {
+        return;
+    }
+    println!("{title} (latency-weighted; share of the loss):");
+    for p in losing.iter().take(5) {
+        println!(
+            "  {:5.1}%  {}  (x{}, {} records): picked {:.3} ms, best {:.3} ms ({:.2}x)",
+            100.0 * p.loss_share,
+            // The key's workload; its target and machine are the data's.
+            p.task.split(" @ ").next().unwrap_or(&p.task),
+            p.weight,
+            p.records,
+            1e3 * p.chosen_s,
+            1e3 * p.best_s,
+            p.chosen_s / p.best_s
+        );
     }
 }
 
@@ -612,28 +666,15 @@ pub fn eval(r: &EvalReport) {
         },
         r.ensemble.as_ref(),
     );
-    let losing: Vec<_> = r.task_picks.iter().filter(|p| p.loss_share > 0.0).collect();
-    if !losing.is_empty() {
-        let whose = if r.ensemble.is_some() {
-            "ensemble"
-        } else {
-            "model"
-        };
-        println!("where the {whose}'s top-1 loses most (latency-weighted; share of the loss):");
-        for p in losing.iter().take(5) {
-            println!(
-                "  {:5.1}%  {}  (x{}, {} records): picked {:.3} ms, best {:.3} ms ({:.2}x)",
-                100.0 * p.loss_share,
-                // The key's workload; its target and machine are the eval's.
-                p.task.split(" @ ").next().unwrap_or(&p.task),
-                p.weight,
-                p.records,
-                1e3 * p.chosen_s,
-                1e3 * p.best_s,
-                p.chosen_s / p.best_s
-            );
-        }
-    }
+    let whose = if r.ensemble.is_some() {
+        "ensemble"
+    } else {
+        "model"
+    };
+    losses(
+        &format!("where the {whose}'s top-1 loses most"),
+        &r.task_picks,
+    );
     if let Some(a) = &r.against {
         println!(
             "against {}: top-1 {:.3} top-5 {:.3} pairwise {:.3}; criterion {:.3} against this model's {:.3}",

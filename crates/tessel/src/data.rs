@@ -87,6 +87,8 @@ pub(crate) struct NetworkTasks {
     pub weights: HashMap<String, u64>,
     /// Distinct tasks in one element type.
     pub count: usize,
+    /// Each element type's workload specs (the network built in it).
+    pub per_type: Vec<Vec<String>>,
 }
 
 /// The tasks of network `name`; an unknown name is an error naming the known ones.
@@ -97,10 +99,12 @@ pub(crate) fn network_tasks(name: &str) -> Result<NetworkTasks> {
     };
     let mut weights = HashMap::new();
     let mut count = 0;
+    let mut per_type = Vec::new();
     for types in DType::ALL.into_iter().map(Types::same).chain([int8]) {
         if let Ok(net) = network_with_types(name, 1, types) {
             let tasks = net.tasks();
             count = count.max(tasks.len());
+            per_type.push(tasks.iter().map(|t| t.workload.to_string()).collect());
             weights.extend(
                 tasks
                     .into_iter()
@@ -112,7 +116,11 @@ pub(crate) fn network_tasks(name: &str) -> Result<NetworkTasks> {
         // Let the network lookup name the problem.
         network(name, 1, DType::F32)?;
     }
-    Ok(NetworkTasks { weights, count })
+    Ok(NetworkTasks {
+        weights,
+        count,
+        per_type,
+    })
 }
 
 /// How records become tokens.

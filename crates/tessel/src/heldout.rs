@@ -303,6 +303,7 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
             picks,
         });
     }
+    use crate::bynetwork::mean;
     let average = Scores {
         model: mean(networks.iter().map(|n| n.scores.model)),
         primitives: prim_ranked
@@ -356,17 +357,6 @@ fn task_picks(
         .collect();
     picks.sort_by(|a, b| b.loss_share.total_cmp(&a.loss_share));
     picks
-}
-
-fn mean(ms: impl Iterator<Item = Metrics>) -> Metrics {
-    let all: Vec<Metrics> = ms.collect();
-    let n = all.len().max(1) as f64;
-    Metrics {
-        top1: all.iter().map(|m| m.top1).sum::<f64>() / n,
-        top5: all.iter().map(|m| m.top5).sum::<f64>() / n,
-        pairwise_accuracy: all.iter().map(|m| m.pairwise_accuracy).sum::<f64>() / n,
-        kendall_tau: all.iter().map(|m| m.kendall_tau).sum::<f64>() / n,
-    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use tessel_features::WIDTH;
+use tessel_ir::NETWORKS;
 use tessel_model::ensemble::{MixChoice, check_correction_recipe};
 use tessel_model::gbt::TreeRecipe;
 use tessel_model::metrics::PairedGain;
@@ -19,6 +20,7 @@ use tessel_model::{
 };
 use tessel_search::rng::Rng;
 
+use crate::bynetwork::{self, ByNetwork};
 use crate::data::{
     Label, load, load_labeled, load_labeled_instructions, network_filter, network_filter_except,
 };
@@ -418,6 +420,19 @@ pub struct TransferReport {
     pub saved: (PathBuf, PathBuf),
     /// The companion file written, where the ensemble was kept.
     pub saved_ensemble: Option<PathBuf>,
+    /// Each test task's top-1 pick by the kept model, as `tune` ranks with it, those that
+    /// lose the top-1 score most first: the score weighs tasks by latency, so a few heavy
+    /// test tasks decide whether a transfer helped.
+    pub task_picks: Vec<TaskPick>,
+    /// The same for the model as it came (its network with its own trees where it has
+    /// them): K=0.
+    pub before_task_picks: Vec<TaskPick>,
+    /// Every candidate's figures on the test tasks by network, as `held-out` scores them:
+    /// each known network's test tasks weighted by how often each occurs in it, then the
+    /// plain mean over those networks. First `kept` (the saved model), then the candidates
+    /// by their names in `validation`, `pretrained+trees` being the model as it came (K=0),
+    /// then `roofline` and `random`. Empty where no test task belongs to a known network.
+    pub by_network: Vec<ByNetwork>,
 }
 
 /// The candidates of a transfer on the shots' own tasks, by two-fold cross-validation.
@@ -601,18 +616,32 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
     // model: fitted once, the trees being the ensemble's where they were fitted.
     let trees = fine_ensemble.as_ref().and_then(|m| m.companions.clone());
     let before = compare_with_trees(&mut model, &shots, &test, o.seed, trees.as_deref());
-    let on_test = |m: &mut Model| Comparison {
-        model: metrics::evaluate(&rank(m, &test)),
+    // Every candidate's ranking of the test tasks, by name: scored pooled here and by
+    // network below.
+    let mut test_rankings: Vec<(&'static str, Vec<Ranked>)> = Vec::new();
+    let mut on_test_as = |name: &'static str, ranked: Vec<Ranked>| -> Metrics {
+        let m = metrics::evaluate(&ranked);
+        test_rankings.push((name, ranked));
+        m
+    };
+    on_test_as("pretrained", rank(&mut model, &test));
+    let fine_tuned = Comparison {
+        model: on_test_as("fine-tuned", rank(&mut fine, &test)),
         ..before
     };
-    let fine_tuned = on_test(&mut fine);
     let fine_tuned_ensemble = fine_ensemble
         .as_mut()
-        .map(|m| metrics::evaluate(&rank_ensemble(m, &test)));
+        .map(|m| on_test_as("fine-tuned+ensemble", rank_ensemble(m, &test)));
     let mut pretrained_trees = with_source_trees(&model)?;
+    // The model as it came: with its own trees where it has them.
+    let before_ranked = match pretrained_trees.as_mut() {
+        Some(m) => rank_ensemble(m, &test),
+        None => rank(&mut model, &test),
+    };
+    let before_task_picks = task_picks(&test, &before_ranked);
     let before_ensemble = pretrained_trees
-        .as_mut()
-        .map(|m| metrics::evaluate(&rank_ensemble(m, &test)));
+        .is_some()
+        .then(|| on_test_as("pretrained+trees", before_ranked));
     progress.update(3, "correcting the carried trees");
     let mut corrected = match &source_trees {
         Some(trees) => corrected_on(&mut model, trees, &shots, o.seed, &o.correction_trees)?,
@@ -620,18 +649,22 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
     };
     let pretrained_corrected = corrected
         .as_mut()
-        .map(|m| metrics::evaluate(&rank_ensemble(m, &test)));
+        .map(|m| on_test_as("pretrained+trees+correction", rank_ensemble(m, &test)));
     let mut fine_source = with_source_trees(&fine)?;
     let fine_tuned_pretrained_trees = fine_source
         .as_mut()
-        .map(|m| metrics::evaluate(&rank_ensemble(m, &test)));
+        .map(|m| on_test_as("fine-tuned+pretrained-trees", rank_ensemble(m, &test)));
     progress.update(4, "from scratch");
     let mut scratch_model = Model::new(model.config().clone(), o.seed)?;
     if !shots.samples.is_empty() {
         train(&mut scratch_model, &shots, &pre, &mut |_| {})?;
     }
     progress.finish();
-    let scratch = on_test(&mut scratch_model);
+    let scratch = Comparison {
+        model: on_test_as("scratch", rank(&mut scratch_model, &test)),
+        ..before
+    };
+    on_test_as("roofline", roofline_rank(&test));
     let chosen = choose_transfer(validation.as_ref(), source_trees.is_some());
     let with_metrics = |m: Metrics, c: &Comparison| Comparison { model: m, ..*c };
     let (mut saved_model, after) = match (chosen, fine_ensemble, fine_tuned_ensemble) {
@@ -684,6 +717,28 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
         "validation": validation,
     });
     saved_model.save(&o.out)?;
+    let kept_ranked = rank_ensemble(&mut saved_model, &test);
+    let task_picks = task_picks(&test, &kept_ranked);
+    // By network (TenSet's and TLP's protocol, held-out's average): every known network
+    // the data holds all of and the test half some of. The pooled figures above are decided by the heaviest test tasks.
+    let groups = bynetwork::groups(&test, NETWORKS.iter().map(|(name, _)| *name), Some(&data))?;
+    let by_network = if groups.is_empty() {
+        Vec::new()
+    } else {
+        let mut v = vec![bynetwork::by_network("kept", &kept_ranked, &groups, None)];
+        v.extend(
+            test_rankings
+                .iter()
+                .map(|(name, r)| bynetwork::by_network(name, r, &groups, None)),
+        );
+        v.push(bynetwork::by_network(
+            "random",
+            &kept_ranked,
+            &groups,
+            Some(o.seed),
+        ));
+        v
+    };
     Ok(TransferReport {
         shots: shots.samples.len(),
         shots_per_task: o.shots_per_task,
@@ -706,6 +761,9 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
             .companions
             .is_some()
             .then(|| Companions::path(&o.out)),
+        task_picks,
+        before_task_picks,
+        by_network,
     })
 }
 

@@ -42,6 +42,7 @@
 #![deny(missing_docs)]
 
 mod bench;
+mod bynetwork;
 mod coverage;
 mod data;
 mod dataset;
@@ -62,6 +63,7 @@ mod tune;
 mod worker;
 
 pub use bench::{BENCH_HEADER, BenchOptions, BenchReport, BenchRow, bench_cpu, bench_row_line};
+pub use bynetwork::ByNetwork;
 pub use coverage::{CoverageOptions, CoverageReport, TaskGap, coverage};
 pub use data::{Encoding, load, load_encoded, network_filter, network_filter_except, strict_read};
 pub use dataset::{

@@ -294,6 +294,14 @@ fn dataset_pretrain_eval_and_transfer_on_a_tiny_dataset() {
     assert!(transfer.fine_tuned_ensemble.is_some());
     // So was a correction of the pretrained ensemble, on the shots' one task.
     assert!(transfer.pretrained_corrected.is_some());
+    // The test task's pick, by the kept model and by the model as it came (the same here).
+    assert_eq!(transfer.task_picks.len(), 1);
+    assert_eq!(
+        transfer.task_picks[0].chosen_s,
+        transfer.before_task_picks[0].chosen_s
+    );
+    // A lone GEMM belongs to no known network: no figures by network.
+    assert!(transfer.by_network.is_empty());
 }
 
 #[test]
