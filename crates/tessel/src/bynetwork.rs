@@ -1,9 +1,9 @@
 //! Scores by network, as TenSet and TLP report them: each network's tasks weighted by how
 //! often each occurs in it, then the plain mean over the networks. Pooled over every task
 //! of a data set, TenSet's latency-weighted top-k is decided by its heaviest layers: on
-//! the int8 test half of a transfer, LLaMA prefill's three 512-token dense layers (each
-//! over 100 ms) made 60% to 90% of what the top-1 score lost. By network, LLaMA prefill is
-//! one network of the mean.
+//! the int8 test half of a transfer, one pick on LLaMA prefill's 512-token dense layers
+//! (each over 100 ms at its best) made 60.7% of what a kept model's top-1 lost. By network,
+//! LLaMA prefill is one network of the mean.
 
 use std::collections::HashSet;
 
@@ -102,8 +102,8 @@ pub struct ByNetwork {
     pub networks: Vec<(String, Metrics)>,
 }
 
-/// `ranked`'s figures on each group and their mean (random's: `rounds` seeded draws a
-/// network, where `random_seed` is given).
+/// `ranked`'s figures on each group and their mean; where `random_seed` is given, those of
+/// a random ranking of the same records instead (20 seeded draws a network).
 pub(crate) fn by_network(
     ranking: &str,
     ranked: &[Ranked],

@@ -15,6 +15,7 @@ use tessel_model::train::{
 };
 use tessel_model::{Dataset, Loss, Metrics, Model, Ranked, TrainOptions, metrics, train};
 
+use crate::bynetwork::mean;
 use crate::data::{Encoding, load_encoded, network_tasks};
 use crate::error::{Result, bail};
 use crate::learn::Architecture;
@@ -303,7 +304,6 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
             picks,
         });
     }
-    use crate::bynetwork::mean;
     let average = Scores {
         model: mean(networks.iter().map(|n| n.scores.model)),
         primitives: prim_ranked
