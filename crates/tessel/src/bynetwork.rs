@@ -129,10 +129,11 @@ pub(crate) fn by_network(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn ranked(weight: f64, predicted: &[f64], latency: &[f64]) -> Ranked {
+    /// One task's ranking (held-out's tests use it too).
+    pub(crate) fn ranked(weight: f64, predicted: &[f64], latency: &[f64]) -> Ranked {
         Ranked {
             weight,
             predicted: predicted.to_vec(),

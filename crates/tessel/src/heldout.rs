@@ -362,14 +362,7 @@ fn task_picks(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ranked(weight: f64, predicted: &[f64], latency: &[f64]) -> Ranked {
-        Ranked {
-            weight,
-            predicted: predicted.to_vec(),
-            latency: latency.to_vec(),
-        }
-    }
+    use crate::bynetwork::tests::ranked;
 
     #[test]
     fn picks_put_the_task_that_costs_the_ensemble_most_first() {
