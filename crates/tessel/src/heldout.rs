@@ -15,7 +15,7 @@ use tessel_model::train::{
 };
 use tessel_model::{Dataset, Loss, Metrics, Model, Ranked, TrainOptions, metrics, train};
 
-use crate::bynetwork::mean;
+use crate::bynetwork::{self, NetworkGroup, mean};
 use crate::data::{Encoding, load_encoded, network_tasks};
 use crate::error::{Result, bail};
 use crate::learn::Architecture;
@@ -271,14 +271,12 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
             ));
             continue;
         }
-        let pick = |r: &[Ranked]| -> Vec<Ranked> {
-            mine.iter()
-                .map(|&(i, weight)| Ranked {
-                    weight,
-                    ..r[i].clone()
-                })
-                .collect()
+        let group = NetworkGroup {
+            name: name.clone(),
+            tasks: mine,
         };
+        let mine = &group.tasks;
+        let pick = |r: &[Ranked]| -> Vec<Ranked> { bynetwork::pick(r, &group) };
         let (model_r, trees_r, ensemble_r) = (pick(&ranked), pick(&gbt), pick(&together));
         let picks = task_picks(
             mine.iter()

@@ -720,7 +720,8 @@ pub fn transfer(o: &TransferOptions, progress: &mut dyn Progress) -> Result<Tran
     let kept_ranked = rank_ensemble(&mut saved_model, &test);
     let task_picks = task_picks(&test, &kept_ranked);
     // By network (TenSet's and TLP's protocol, held-out's average): every known network
-    // the data holds all of and the test half some of. The pooled figures above are decided by the heaviest test tasks.
+    // the data holds all of and the test half some of. The pooled figures above are
+    // decided by the heaviest test tasks.
     let groups = bynetwork::groups(&test, NETWORKS.iter().map(|(name, _)| *name), Some(&data))?;
     let by_network = if groups.is_empty() {
         Vec::new()
