@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
-use tessel::features::{COLUMNS, Column, Features, SCHEMA_VERSION, Source, Target, extract};
+use tessel::features::{COLUMNS, Column, Features, SCHEMA_VERSION, Source, extract};
 use tessel::intrin::Catalog;
 use tessel::ir::{Program, Trace, Workload};
 use tessel::search::TuningRecord;
@@ -60,11 +60,11 @@ pub fn run(a: &FeaturesArgs) -> Result<()> {
             let trace = Trace::from_json(&text)
                 .with_context(|| format!("parsing trace {}", path.display()))?;
             let fp = tessel::cpu::fingerprint(a.threads, "gcc");
-            (spec.to_string(), trace, Target::from_fingerprint(&fp)?)
+            (spec.to_string(), trace, tessel::feature_target(&fp)?)
         }
         (None, Some(path)) => {
             let record = best_record(path, workload)?;
-            let target = Target::from_fingerprint(&record.fingerprint)
+            let target = tessel::feature_target(&record.fingerprint)
                 .with_context(|| format!("the machine of {}", path.display()))?;
             (record.workload.clone(), record.trace.clone(), target)
         }

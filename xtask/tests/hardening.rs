@@ -283,7 +283,7 @@ fn models_keep_their_name_and_are_never_overwritten_unasked() {
     std::fs::write(dir.join("tiny.v2.json"), info.to_string()).unwrap();
     let e = refused(&["eval", "--model", "tiny.v2", "--data", SCALAR], &dir);
     assert!(
-        e.contains("embed.0.weight") && e.contains("[16, 70]"),
+        e.contains("embed.0.weight") && e.contains(&format!("[16, {}]", tessel::features::WIDTH)),
         "{e}"
     );
     // A normalizer with a zero std is refused.

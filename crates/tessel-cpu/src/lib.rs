@@ -39,7 +39,7 @@ mod reference_cache;
 pub mod worker;
 
 pub use buffers::{AlignedBuf, decode, encode};
-pub use codegen::{Kernel, generate, module_source};
+pub use codegen::{CpuCodePaths, Kernel, call_paths, generate, module_source};
 pub use compile::{Compiler, Library, Mode};
 pub use error::{CodegenError, CompileError, CpuError, WorkerError};
 pub use fingerprint::fingerprint;

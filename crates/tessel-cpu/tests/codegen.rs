@@ -7,11 +7,12 @@ use std::collections::BTreeSet;
 
 use common::CPU_INSTRUCTIONS;
 use tessel_cpu::reference::{gemm_spec, reference_gemm};
-use tessel_cpu::{Compiler, Kernel, Mode, generate, module_source};
+use tessel_cpu::{Compiler, Kernel, Mode, call_paths, generate, module_source};
 use tessel_intrin::{Catalog, match_op};
 use tessel_ir::Workload;
+use tessel_measure::CallPath;
 
-fn kernel(spec: &str, id: &str, reference: bool) -> Kernel {
+fn program(spec: &str, id: &str, reference: bool) -> tessel_ir::Program {
     let catalog = Catalog::default();
     let w: Workload = spec.parse().unwrap();
     let op = w.to_op();
@@ -21,8 +22,17 @@ fn kernel(spec: &str, id: &str, reference: bool) -> Kernel {
         let intr = catalog.get(id).unwrap();
         match_op(&op, intr).unwrap()[0].to_trace(intr)
     };
-    let program = trace.lower(&op, &catalog).unwrap();
-    generate(&program, &format!("k_{}", id.replace('.', "_")), &catalog).unwrap()
+    trace.lower(&op, &catalog).unwrap()
+}
+
+fn kernel(spec: &str, id: &str, reference: bool) -> Kernel {
+    let program = program(spec, id, reference);
+    generate(
+        &program,
+        &format!("k_{}", id.replace('.', "_")),
+        &Catalog::default(),
+    )
+    .unwrap()
 }
 
 /// Compares with `tests/snapshots/NAME`; `UPDATE_SNAPSHOTS=1` rewrites it.
@@ -72,6 +82,56 @@ fn snapshots_of_generated_kernels() {
     );
     assert!(conv.source.contains(">= 0"));
     snapshot("avx2_conv3x3.c", &conv.source);
+}
+
+#[test]
+fn call_paths_name_the_form_every_call_takes_in_the_code() {
+    let catalog = Catalog::default();
+    for id in CPU_INSTRUCTIONS {
+        // Reference schedules divide and read in place; the matcher's on an odd shape pads.
+        for (m, n, k, reference) in [(64, 96, 128, true), (20, 37, 70, false)] {
+            let p = program(&gemm_spec(id, m, n, k), id, reference);
+            let source = generate(&p, "k", &catalog).unwrap().source;
+            let paths = call_paths(&p, &catalog).unwrap();
+            let mut steps = Vec::new();
+            p.body.walk(&mut |s| {
+                if let tessel_ir::Stmt::Tensorized(c) = s {
+                    steps.push(c.step);
+                }
+            });
+            steps.sort_unstable();
+            steps.dedup();
+            assert_eq!(paths.keys().copied().collect::<Vec<_>>(), steps, "{id}");
+            let staged = paths.values().any(|p| p.is_staged());
+            assert_eq!(
+                staged,
+                source.contains("gathered into the instruction's layout"),
+                "{id} {m}x{n}x{k}: {paths:?}"
+            );
+            assert_eq!(
+                paths.values().any(|p| *p == CallPath::RegisterBlock),
+                source.contains("register block"),
+                "{id} {m}x{n}x{k}: {paths:?}"
+            );
+            if reference {
+                assert!(!staged, "{id}: the reference schedule is staged");
+            }
+        }
+    }
+    // The padded VNNI GEMM of the snapshots: A's 1x4, B's 4x16 and C's 1x16 (gathered and
+    // scattered back) at every call.
+    let p = program(
+        &gemm_spec("avx512.vpdpbusd", 5, 20, 6),
+        "avx512.vpdpbusd",
+        false,
+    );
+    let paths = call_paths(&p, &catalog).unwrap();
+    assert_eq!(
+        paths.values().collect::<Vec<_>>(),
+        [&CallPath::Staged {
+            elements: 4 + 64 + 2 * 16
+        }]
+    );
 }
 
 #[test]

@@ -11,6 +11,7 @@ use tessel_ir::{
     BufferRef, BufferRole, Expr, GpuAxis, Guard, LoopKind, Program, Stmt, TensorizedCall,
     linear_stride,
 };
+use tessel_measure::{CallPath, CallPaths};
 
 use crate::schema::{Col, WIDTH, lg};
 use crate::target::{Target, catalog};
@@ -109,6 +110,15 @@ pub(crate) fn extract(program: &Program, target: &Target) -> Result<Features, Fe
         auto_vectorizes: !target.gpu,
     };
     collect(program, &program.body, &compiled, &mut stack, &mut sites)?;
+    // The backend's path for each call, where the target has a backend to ask. A program it
+    // cannot build keeps its paths unknown (zero), as on a target without one: measuring it
+    // fails the same way, and the search ranks it as it would have.
+    let paths = match &target.code_paths.0 {
+        Some(backend) if sites.iter().any(|s| s.kind == SiteKind::Tensorized) => {
+            backend.call_paths(program).ok()
+        }
+        _ => None,
+    };
 
     let n_buffers = program.buffers.len();
     let mut data: Vec<[Option<Traffic>; 5]> = vec![Default::default(); n_buffers];
@@ -124,7 +134,7 @@ pub(crate) fn extract(program: &Program, target: &Target) -> Result<Features, Fe
             continue;
         }
         let mut t = [0f32; WIDTH];
-        compute_token(program, target, site, useful_flops, &mut t);
+        compute_token(program, target, site, useful_flops, paths.as_ref(), &mut t);
         tokens.extend_from_slice(&t);
         sources.push(Source::Statement(n));
         account_traffic(program, target, site, &mut data);
@@ -752,10 +762,26 @@ fn compute_token(
     target: &Target,
     site: &Site,
     useful_flops: f64,
+    paths: Option<&CallPaths>,
     t: &mut [f32; WIDTH],
 ) {
     let set = |t: &mut [f32; WIDTH], c: Col, v: f32| t[c as usize] = v;
     set(t, Col::KindCompute, 1.0);
+    if let (Some((call, _)), Some(paths)) = (site.call, paths) {
+        match paths.get(&call.step) {
+            Some(CallPath::RegisterBlock) => set(t, Col::ComputePathRegisterBlock, 1.0),
+            Some(CallPath::Direct) => set(t, Col::ComputePathDirect, 1.0),
+            Some(CallPath::Staged { elements }) => {
+                set(t, Col::ComputePathStaged, 1.0);
+                set(
+                    t,
+                    Col::ComputeStagedCopies,
+                    lg(*elements as f64 * site.invocations()),
+                );
+            }
+            None => {}
+        }
+    }
     let kind_col = match site.kind {
         SiteKind::Tensorized => Col::ComputeTensorized,
         SiteKind::Vector => Col::ComputeVector,

@@ -10,8 +10,11 @@ use serde::Serialize;
 /// the version it was trained with and refuses features of another. Version 2 (2026-12-07):
 /// a CPU update whose innermost loop gcc vectorizes by itself is vector code, that loop
 /// counted among the vectorized ones, and loops of one iteration no longer hide the
-/// innermost loop that does the work (`extract::vector_loop`).
-pub const SCHEMA_VERSION: u32 = 2;
+/// innermost loop that does the work (`extract::vector_loop`). Version 3 (2026-12-07): a
+/// tensorized call's compute token says how the backend emits it (register block, direct or
+/// staged call) and how many elements staging copies, where the target knows its backend
+/// ([`crate::Target::with_code_paths`]).
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// One column of the schema.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -65,6 +68,10 @@ schema! {
     ComputeInnermost => "compute.innermost", "log2 iterations", "extent of the innermost enclosing loop";
     ComputeDepth => "compute.depth", "count", "number of enclosing loops";
     ComputePipeline => "compute.pipeline", "stages", "software pipeline stages of the enclosing loops (0: none)";
+    ComputePathRegisterBlock => "compute.path_register_block", "flag", "the backend emits the call in a register block: accumulators held in registers across the reduction loop (0 where the backend does not say)";
+    ComputePathDirect => "compute.path_direct", "flag", "the backend emits the call on its operands in place, one call at a time";
+    ComputePathStaged => "compute.path_staged", "flag", "the backend gathers the call's operands into the instruction's layout (and scatters the accumulator back) at every call";
+    ComputeStagedCopies => "compute.staged_copies", "log2(1+elements)", "elements a staged call gathers and scatters, over all its invocations";
 
     DataLevelMemory => "data.level_memory", "flag", "main memory (CPU DRAM, GPU global)";
     DataLevelL2 => "data.level_l2", "flag", "the L2 cache";

@@ -2,11 +2,12 @@
 //! peak of each instruction family it has.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tessel_intrin::{Catalog, Intrinsic, Platform, Requirement, Storage};
 use tessel_ir::DType;
-use tessel_measure::HardwareFingerprint;
+use tessel_measure::{CodePaths, HardwareFingerprint};
 
 use crate::FeatureError;
 
@@ -43,6 +44,34 @@ pub struct Target {
     /// The hardware token, built on first use (build a new target rather than editing one).
     #[serde(skip)]
     pub(crate) token: std::sync::OnceLock<Vec<f32>>,
+    /// The backend that says how it emits each tensorized call ([`Target::with_code_paths`]).
+    #[serde(skip)]
+    pub(crate) code_paths: PathSource,
+}
+
+/// A target's [`CodePaths`], if it has one. Two targets' sources are equal when both have
+/// none or both share one.
+#[derive(Clone, Default)]
+pub(crate) struct PathSource(pub(crate) Option<Arc<dyn CodePaths>>);
+
+impl PartialEq for PathSource {
+    fn eq(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Debug for PathSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Some(CodePaths)"
+        } else {
+            "None"
+        })
+    }
 }
 
 fn one() -> f64 {
@@ -119,6 +148,7 @@ impl Target {
             matrix_scale: 1.0,
             scalar_macs_per_cycle: 2.0,
             token: Default::default(),
+            code_paths: PathSource::default(),
         }
     }
 
@@ -162,6 +192,7 @@ impl Target {
             matrix_scale: 1.0,
             scalar_macs_per_cycle: 64.0,
             token: Default::default(),
+            code_paths: PathSource::default(),
         }
     }
 
@@ -202,6 +233,20 @@ impl Target {
                 "unknown target kind `{other}` (expected cpu, gpu or sim)"
             ))),
         }
+    }
+
+    /// The same target with the backend that will build its programs: the features of each
+    /// tensorized call then say how the backend emits it (schema v3's `compute.path_*`
+    /// columns). Without one those columns are zero. Training data and the search must
+    /// featurise alike: the façade gives every CPU target tessel-cpu's code generator.
+    pub fn with_code_paths(mut self, paths: Arc<dyn CodePaths>) -> Target {
+        self.code_paths = PathSource(Some(paths));
+        self
+    }
+
+    /// Whether the features know how the backend emits tensorized calls.
+    pub fn knows_code_paths(&self) -> bool {
+        self.code_paths.0.is_some()
     }
 
     /// Bytes of operand registers per core (CPU: vector registers plus AMX tiles where present)

@@ -1,13 +1,15 @@
 //! Feature extraction: hand-computed values, invariances and sanity over random schedules.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use proptest::prelude::*;
 use tessel_features::{
     Col, FeatureError, Features, MemoryLevel, Source, Target, WIDTH, extract, extract_batch,
 };
 use tessel_intrin::{Catalog, match_op};
-use tessel_ir::{BufferRole, GpuAxis, Program, Scope, Trace, Workload};
+use tessel_ir::{BufferRole, GpuAxis, Program, Scope, Stmt, Trace, Workload};
+use tessel_measure::{CallPath, CallPaths, CodePaths};
 use tessel_search::rng::Rng;
 use tessel_search::{InstructionSet, Sketch, Space};
 
@@ -268,6 +270,72 @@ fn utilisation_of_a_padded_mapping() {
         col(&f, b, MemoryLevel::Register, Col::DataTransformPad),
         1.0
     );
+}
+
+/// A backend that answers the same path for every call, or cannot build anything.
+struct Answers(Option<CallPath>);
+
+impl CodePaths for Answers {
+    fn call_paths(&self, program: &Program) -> Result<CallPaths, String> {
+        let path = self.0.ok_or("no such backend")?;
+        let mut paths = CallPaths::new();
+        program.body.walk(&mut |s| {
+            if let Stmt::Tensorized(c) = s {
+                paths.insert(c.step, path);
+            }
+        });
+        Ok(paths)
+    }
+}
+
+#[test]
+fn a_call_says_how_the_backend_emits_it_where_the_target_knows() {
+    // The padded mapping above: 4 x 3 x 3 calls.
+    let op = "gemm:m=4,n=20,k=3,dtype=f32"
+        .parse::<Workload>()
+        .unwrap()
+        .to_op();
+    let catalog = Catalog::default();
+    let intr = catalog.get("avx2.vfmadd231ps").unwrap();
+    let mapping = match_op(&op, intr).unwrap().into_iter().next().unwrap();
+    let p = program("gemm:m=4,n=20,k=3,dtype=f32", &mapping.to_trace(intr));
+    let flags = |target: Target| {
+        let f = extract(&p, &target).unwrap();
+        let call = (0..f.len())
+            .find(|&i| f.get(i, Col::ComputeTensorized) == 1.0)
+            .unwrap();
+        [
+            Col::ComputePathRegisterBlock,
+            Col::ComputePathDirect,
+            Col::ComputePathStaged,
+            Col::ComputeStagedCopies,
+        ]
+        .map(|c| f.get(call, c))
+    };
+    let with = |path| avx2().with_code_paths(Arc::new(Answers(path)));
+    assert_eq!(flags(avx2()), [0.0; 4], "no backend: unknown");
+    assert!(!avx2().knows_code_paths() && with(None).knows_code_paths());
+    assert_eq!(
+        flags(with(None)),
+        [0.0; 4],
+        "a backend that cannot build it"
+    );
+    assert_eq!(
+        flags(with(Some(CallPath::RegisterBlock))),
+        [1.0, 0.0, 0.0, 0.0]
+    );
+    assert_eq!(flags(with(Some(CallPath::Direct))), [0.0, 1.0, 0.0, 0.0]);
+    // 17 elements copied at each of 36 calls.
+    assert_eq!(
+        flags(with(Some(CallPath::Staged { elements: 17 }))),
+        [0.0, 0.0, 1.0, lg(17.0 * 36.0)]
+    );
+    // Statements that are not calls say nothing of paths.
+    let f = extract(&p, &with(Some(CallPath::Direct))).unwrap();
+    let untouched = (0..f.len())
+        .filter(|&i| f.get(i, Col::ComputeTensorized) == 0.0)
+        .all(|i| f.get(i, Col::ComputePathDirect) == 0.0);
+    assert!(untouched);
 }
 
 #[test]

@@ -9,7 +9,9 @@
 //! The CPU backend (tessel-cpu) and the GPU backend implement [`Measurer`]; the search only
 //! sees this trait. [`worker`] runs kernels in a child process, so a crash or a hang costs
 //! one candidate; [`check`] compares outputs with the reference the same way for all. The search ranks candidates before measuring them with a [`CostModel`]
-//! (random, analytical, or tessel-model's learned one), the other seam defined here.
+//! (random, analytical, or tessel-model's learned one), the other seam defined here. A
+//! backend also says how it emits each tensorized call ([`CodePaths`]), which the features
+//! cannot see in the program alone.
 //!
 //! ```
 //! use tessel_measure::{Candidate, MeasureError, MeasureErrorKind, MeasureResult, Measurer,
@@ -35,7 +37,10 @@
 //! ```
 
 pub mod check;
+mod paths;
 pub mod worker;
+
+pub use paths::{CallPath, CallPaths, CodePaths};
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -239,7 +239,7 @@ fn load_encoded_labeled(
         let program = r.program(&catalog).with_context(at)?;
         let fkey = r.fingerprint.key();
         if !targets.contains_key(&fkey) {
-            let t = Target::from_fingerprint(&r.fingerprint)
+            let t = crate::target::feature_target(&r.fingerprint)
                 .with_context(|| format!("{}: its machine", at()))?;
             targets.insert(fkey.clone(), t);
         }

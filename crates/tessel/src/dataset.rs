@@ -599,7 +599,7 @@ fn search_model(
         let Some((path, m)) = crate::tune::shipped_model(&platform, progress) else {
             return Ok(Box::new(RandomModel::new(o.seed)));
         };
-        let features = tessel_features::Target::from_fingerprint(fp)?;
+        let features = crate::target::feature_target(fp)?;
         if let crate::tune::Familiarity::Unseen(ids) = crate::tune::Familiarity::of(&m, &platform) {
             progress.note(&format!(
                 "note: no shipped model was trained on {}; search rounds rank by the roofline",

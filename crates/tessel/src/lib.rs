@@ -89,7 +89,9 @@ pub use searcheval::{
     trials_to_reach,
 };
 pub use simcheck::{SimCheckReport, sim_check};
-pub use target::{Peaks, Target, TargetOptions, TargetSpec, cpu_measurer, instruction_of};
+pub use target::{
+    Peaks, Target, TargetOptions, TargetSpec, cpu_measurer, feature_target, instruction_of,
+};
 pub use threads::{THREADS_ENV, fit_threads_to_affinity, threads_for_affinity};
 pub use tune::{
     Emit, ModelChoice, REMEASURE_ALLOCATIONS, REMEASURE_PROCESSES, TaskReport, TuneOptions,

@@ -4,11 +4,12 @@
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::{Arc, OnceLock};
 
 use tessel_cpu::{CpuMeasurer, CpuOptions};
 use tessel_gpu::DeviceSpec;
 use tessel_intrin::Catalog;
-use tessel_measure::{HardwareFingerprint, Measurer};
+use tessel_measure::{CodePaths, HardwareFingerprint, Measurer};
 use tessel_search::InstructionSet;
 
 #[cfg(feature = "cuda")]
@@ -259,6 +260,25 @@ impl Peaks {
             }
         }
     }
+}
+
+/// What the features know of the machine of `fp`: its caches and instructions and, for a
+/// CPU, the code generator that will build its programs, which says how it emits each
+/// tensorized call (schema v3's `compute.path_*` columns). Every featurisation in tessel
+/// goes through here, so the data a model learns from and the search it ranks for see the
+/// same columns.
+pub fn feature_target(
+    fp: &HardwareFingerprint,
+) -> std::result::Result<tessel_features::Target, tessel_features::FeatureError> {
+    // One backend for every target, so that targets of one machine stay equal.
+    static CPU_PATHS: OnceLock<Arc<dyn CodePaths>> = OnceLock::new();
+    let target = tessel_features::Target::from_fingerprint(fp)?;
+    if target.gpu {
+        return Ok(target);
+    }
+    let paths =
+        CPU_PATHS.get_or_init(|| Arc::new(tessel_cpu::CpuCodePaths::new(Catalog::default())));
+    Ok(target.with_code_paths(Arc::clone(paths)))
 }
 
 /// The CPU measurer, with its worker.

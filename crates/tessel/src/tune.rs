@@ -448,12 +448,12 @@ pub fn tune(opts: &TuneOptions, progress: &mut dyn Progress) -> Result<TuneRepor
                     target.label()
                 );
             }
-            let features = tessel_features::Target::from_fingerprint(&fingerprint)?;
+            let features = crate::target::feature_target(&fingerprint)?;
             Box::new(tessel_model::RooflineCostModel::new(features))
         }
         None => Box::new(RandomModel::new(opts.seed)),
         Some((path, m)) => {
-            let features = tessel_features::Target::from_fingerprint(&fingerprint)?;
+            let features = crate::target::feature_target(&fingerprint)?;
             let online = tessel_model::cost::OnlineOptions {
                 seed: opts.seed,
                 ..Default::default()

@@ -527,7 +527,10 @@ fn tune_logs_every_trial_and_its_best_becomes_c() {
     assert!(!report.estimates && report.target == "cpu");
     let task = &report.tasks[0];
     assert!(task.gflops.is_some_and(|g| g > 0.0), "{report:?}");
-    assert!(task.percent_of_peak.is_some_and(|p| p > 0.0 && p < 150.0));
+    assert!(
+        task.percent_of_peak.is_some_and(|p| p > 0.0 && p < 150.0),
+        "{task:?}"
+    );
     // The finalists were timed again on fresh allocations of their buffers, the fastest
     // of them reported, and each new timing appended to the log as a `remeasure` record.
     assert!(task.remeasured_ms.is_some_and(|ms| ms > 0.0), "{task:?}");

@@ -22,7 +22,7 @@ pub(super) enum Family {
     Avx2Maddubs,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) enum Role {
     A,
     B,

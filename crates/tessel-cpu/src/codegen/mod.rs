@@ -14,8 +14,11 @@
 //! - a *staged* call: operands in any other layout, or under padding guards, are gathered into
 //!   a small buffer in the instruction's layout (zeros where a guard fails), and the
 //!   accumulator is scattered back only where the guards hold.
+//!
+//! [`call_paths`] says which form each call takes ([`CpuCodePaths`] answers the features).
 
-use std::collections::{BTreeSet, HashSet};
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 
 use tessel_intrin::{Catalog, Intrinsic, Requirement};
@@ -23,6 +26,8 @@ use tessel_ir::{
     BufferRef, BufferRole, DType, Epilogue, Expr, For, LoopKind, Program, Stmt, TensorizedCall,
     linear_stride,
 };
+
+use tessel_measure::{CallPath, CallPaths, CodePaths};
 
 use crate::error::CodegenError;
 
@@ -92,6 +97,32 @@ pub fn generate(program: &Program, name: &str, catalog: &Catalog) -> Result<Kern
         features: g.features,
         intrinsics: g.intrinsics,
     })
+}
+
+/// How [`generate`] emits each tensorized call of `program` (register block, direct or
+/// staged), by the trace step that tensorized it. It generates the kernel to find out: the
+/// choice depends on every layout and bound check the generator makes.
+pub fn call_paths(program: &Program, catalog: &Catalog) -> Result<CallPaths, CodegenError> {
+    let mut g = Gen::new(program, catalog)?;
+    g.kernel("tessel_paths")?;
+    Ok(g.paths)
+}
+
+/// This backend's [`CodePaths`]: what the features learn from the code generator.
+pub struct CpuCodePaths {
+    catalog: Catalog,
+}
+
+impl CpuCodePaths {
+    pub fn new(catalog: Catalog) -> Self {
+        CpuCodePaths { catalog }
+    }
+}
+
+impl CodePaths for CpuCodePaths {
+    fn call_paths(&self, program: &Program) -> Result<CallPaths, String> {
+        call_paths(program, &self.catalog).map_err(|e| e.to_string())
+    }
 }
 
 /// A whole C translation unit: the prelude followed by `kernels`.
@@ -245,7 +276,15 @@ struct Gen<'p> {
     /// Set while emitting the statement after a zero fill of an accumulator buffer (and
     /// before its store to the output), where an AMX register block may take both over.
     acc_fusion: Option<AccFusion>,
+    /// How each tensorized call was emitted, by its trace step (the first emission where a
+    /// versioned body emits a call twice: both copies take the same path).
+    paths: CallPaths,
+    /// [`Gen::layout_stride`]'s answers: (instruction, its rows, operand, role, tile loops) ->
+    /// stride.
+    layouts: RefCell<HashMap<LayoutKey, Option<i64>>>,
 }
+
+type LayoutKey = (&'static str, i64, BufferRef, Role, [usize; 3]);
 
 /// A store an AMX register block may take over ([`AccFusion::store`]).
 #[derive(Clone)]
@@ -319,6 +358,8 @@ impl<'p> Gen<'p> {
             proven: HashSet::new(),
             amx_rows: [0; 8],
             acc_fusion: None,
+            paths: CallPaths::new(),
+            layouts: RefCell::default(),
         })
     }
 

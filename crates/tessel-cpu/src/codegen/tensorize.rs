@@ -54,6 +54,9 @@ impl Gen<'_> {
     /// with a tile variable: a fused loop whose tiles can cross a row), tried exhaustively up
     /// to [`MAX_LAYOUT_CHECKS`] offsets, and for the others at the corners and at
     /// pseudo-random points (they shift the whole tile, which the offsets do not see).
+    ///
+    /// Remembered per kernel: a call is checked again by every reduction loop around it that
+    /// tries a register block, and the exhaustive checks can run to a million offsets.
     pub(super) fn layout_stride(
         &self,
         ins: &Instr,
@@ -61,6 +64,17 @@ impl Gen<'_> {
         role: Role,
         lv: [usize; 3],
     ) -> Option<i64> {
+        // The rows too: a partial AMX tile of the same instruction has a tile of its own.
+        let key = (ins.intr.id, ins.rows, r.clone(), role, lv);
+        if let Some(&known) = self.layouts.borrow().get(&key) {
+            return known;
+        }
+        let stride = self.check_layout(ins, r, role, lv);
+        self.layouts.borrow_mut().insert(key, stride);
+        stride
+    }
+
+    fn check_layout(&self, ins: &Instr, r: &BufferRef, role: Role, lv: [usize; 3]) -> Option<i64> {
         if self.p.buffers[r.buffer].dtype != ins.dtype(role) {
             return None;
         }
@@ -87,7 +101,7 @@ impl Gen<'_> {
                     .collect(),
             );
         }
-        // Every combination of the entangled loops' values, the other loops at 0.
+        // The entangled loops: their combinations are tried below, the other loops at 0.
         let mut entangled = Vec::new();
         entangled_vars(&flat, &[lv[di], lv[dj]], &mut entangled);
         entangled.retain(|v| !lv.contains(v));
@@ -100,27 +114,16 @@ impl Gen<'_> {
         if combos.checked_mul(tile)? > MAX_LAYOUT_CHECKS {
             return None;
         }
-        if !entangled.is_empty() {
-            for c in 0..combos {
-                let mut vals = vec![0i64; n];
-                let mut rest = c;
-                for &v in &entangled {
-                    let e = self.p.vars[v].extent.max(1);
-                    vals[v] = (rest % e) as i64;
-                    rest /= e;
-                }
-                samples.push(vals);
-            }
-        }
+        let fast = QuasiAffine::of(&flat);
         let mut stride = None;
-        for mut vals in samples {
+        let mut fits = |vals: &mut [i64]| -> bool {
             for &v in &lv {
                 vals[v] = 0;
             }
             let mut at = |i: i64, j: i64| {
                 vals[lv[di]] = i;
                 vals[lv[dj]] = j;
-                flat.eval(&vals)
+                fast.eval(vals)
             };
             let base = at(0, 0);
             let s = match ins.stride_probe(role) {
@@ -128,14 +131,45 @@ impl Gen<'_> {
                 None => 0,
             };
             if ins.stride_probe(role).is_some() && s <= 0 {
-                return None;
+                return false;
             }
             if *stride.get_or_insert(s) != s {
+                return false;
+            }
+            (0..ei).all(|i| (0..ej).all(|j| at(i, j) - base == ins.offset(role, i, j, s)))
+        };
+        for mut vals in samples {
+            if !fits(&mut vals) {
                 return None;
             }
-            for i in 0..ei {
-                for j in 0..ej {
-                    if at(i, j) - base != ins.offset(role, i, j, s) {
+        }
+        // A one-element tile with no row stride to agree on fits anywhere.
+        let vacuous = ei * ej == 1 && ins.stride_probe(role).is_none();
+        if entangled.is_empty() || vacuous {
+            return stride;
+        }
+        // Every combination of the entangled loops' values (there may be a million). Where
+        // every division and remainder is of an affine form, a tile's offsets depend on the
+        // other loops only through each dividend's remainder at the tile's origin, so one
+        // combination per reachable set of remainders decides; otherwise each is tried.
+        match reachable_remainders(&fast, &entangled, &self.p.vars, n) {
+            Some(representatives) => {
+                for mut vals in representatives {
+                    if !fits(&mut vals) {
+                        return None;
+                    }
+                }
+            }
+            None => {
+                let mut vals = vec![0i64; n];
+                for c in 0..combos {
+                    let mut rest = c;
+                    for &v in &entangled {
+                        let e = self.p.vars[v].extent.max(1);
+                        vals[v] = (rest % e) as i64;
+                        rest /= e;
+                    }
+                    if !fits(&mut vals) {
                         return None;
                     }
                 }
@@ -170,6 +204,8 @@ impl Gen<'_> {
         self.depth += 1;
         let mut ptrs = Vec::new();
         let mut staged_c = None;
+        // Elements gathered (and, for the accumulator, scattered back) per call.
+        let mut staged = 0u64;
         for role in [Role::A, Role::B, Role::C] {
             let r = Self::operand(c, role);
             let direct = if c.guards.is_empty() {
@@ -183,6 +219,9 @@ impl Gen<'_> {
                     ptrs.push((self.tile_ptr(r, lv, &[]), s * bytes));
                 }
                 None => {
+                    let (di, dj) = Instr::dims(role);
+                    let tile = (ins.extent(di) * ins.extent(dj)) as u64;
+                    staged += if role == Role::C { 2 * tile } else { tile };
                     let name = self.stage(c, &ins, r, role, lv)?;
                     let s = ins.natural_stride(role) * ins.dtype(role).bytes() as i64;
                     if role == Role::C {
@@ -192,6 +231,11 @@ impl Gen<'_> {
                 }
             }
         }
+        self.paths.entry(c.step).or_insert(if staged == 0 {
+            CallPath::Direct
+        } else {
+            CallPath::Staged { elements: staged }
+        });
         let [(pa, sa), (pb, sb), (pc, sc)] = [ptrs[0].clone(), ptrs[1].clone(), ptrs[2].clone()];
         match ins.family {
             Family::Amx { dp } => {
@@ -496,6 +540,9 @@ impl Gen<'_> {
             .iter()
             .map(|u| self.p.vars[u.0].name.as_str())
             .collect();
+        self.paths
+            .entry(call.step)
+            .or_insert(CallPath::RegisterBlock);
         self.line(&format!(
             "{{  /* step {}: {} register block: {} accumulator(s) over {} held across `{}` */",
             call.step,
@@ -880,5 +927,244 @@ fn affine_in(e: &Expr, v: usize) -> bool {
         Expr::Add(a, b) => affine_in(a, v) && affine_in(b, v),
         Expr::Mul(a, _) => affine_in(a, v),
         Expr::Div(a, _) | Expr::Mod(a, _) => !a.uses(v),
+    }
+}
+
+/// The most remainder sets [`reachable_remainders`] follows before leaving the combinations
+/// to be tried one by one.
+const MAX_REMAINDER_SETS: usize = 1 << 14;
+
+/// One combination of the `entangled` loops' values (the other loops at 0) for every set of
+/// remainders that `q`'s dividends take over all combinations; `None` where a dividend is not
+/// affine or the sets grow past [`MAX_REMAINDER_SETS`].
+///
+/// A loop's contribution to a remainder modulo `d` repeats with the period of its
+/// coefficient, so only its first period of values is followed.
+fn reachable_remainders(
+    q: &QuasiAffine,
+    entangled: &[usize],
+    vars: &[tessel_ir::LoopVar],
+    n: usize,
+) -> Option<Vec<Vec<i64>>> {
+    if q.atoms.iter().any(|a| !a.1.atoms.is_empty() || a.2 <= 0) {
+        return None;
+    }
+    let origin: Vec<i64> = q
+        .atoms
+        .iter()
+        .map(|a| a.1.constant.rem_euclid(a.2))
+        .collect();
+    let mut reached: HashMap<Vec<i64>, Vec<i64>> = HashMap::from([(origin, vec![0i64; n])]);
+    for &v in entangled {
+        let coefficients: Vec<i64> = q
+            .atoms
+            .iter()
+            .map(|a| a.1.terms.iter().find(|t| t.0 == v).map_or(0, |t| t.1))
+            .collect();
+        // The least p with p * coefficient = 0 modulo every divisor.
+        let period = q
+            .atoms
+            .iter()
+            .zip(&coefficients)
+            .try_fold(1i64, |p, (a, &c)| {
+                let own = a.2 / gcd(c.rem_euclid(a.2), a.2);
+                p.checked_mul(own / gcd(p, own))
+            })?;
+        let steps = period.min(i64::try_from(vars[v].extent.max(1)).ok()?);
+        let mut next = HashMap::new();
+        for (remainders, vals) in &reached {
+            for x in 0..steps {
+                let key: Vec<i64> = remainders
+                    .iter()
+                    .zip(&coefficients)
+                    .zip(&q.atoms)
+                    .map(|((&r, &c), a)| (r + c.wrapping_mul(x)).rem_euclid(a.2))
+                    .collect();
+                next.entry(key).or_insert_with(|| {
+                    let mut vals = vals.clone();
+                    vals[v] = x;
+                    vals
+                });
+            }
+            if next.len() > MAX_REMAINDER_SETS {
+                return None;
+            }
+        }
+        reached = next;
+    }
+    Some(reached.into_values().collect())
+}
+
+fn gcd(a: i64, b: i64) -> i64 {
+    if b == 0 {
+        a.abs().max(1)
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// An index expression in a normal form that evaluates without walking a tree: a constant,
+/// a linear combination of loop variables, and floor divisions and remainders of such forms
+/// (which [`Gen::check_layout`] evaluates up to a million times per operand). It computes
+/// exactly what [`Expr::eval`] does, in the same wrapping i64 arithmetic.
+#[derive(Clone, Debug, Default)]
+struct QuasiAffine {
+    constant: i64,
+    terms: Vec<(usize, i64)>,
+    /// `(coefficient, dividend, divisor, remainder)`: `coefficient * (dividend / divisor)`,
+    /// or `% divisor` where `remainder`.
+    atoms: Vec<(i64, QuasiAffine, i64, bool)>,
+}
+
+impl QuasiAffine {
+    fn of(e: &Expr) -> QuasiAffine {
+        match e {
+            Expr::Const(c) => QuasiAffine {
+                constant: *c,
+                ..Default::default()
+            },
+            Expr::Var(v) => QuasiAffine {
+                terms: vec![(*v, 1)],
+                ..Default::default()
+            },
+            Expr::Add(a, b) => {
+                let mut q = QuasiAffine::of(a);
+                let r = QuasiAffine::of(b);
+                q.constant = q.constant.wrapping_add(r.constant);
+                for (v, c) in r.terms {
+                    match q.terms.iter_mut().find(|t| t.0 == v) {
+                        Some(t) => t.1 = t.1.wrapping_add(c),
+                        None => q.terms.push((v, c)),
+                    }
+                }
+                q.atoms.extend(r.atoms);
+                q
+            }
+            Expr::Mul(a, c) => {
+                let mut q = QuasiAffine::of(a);
+                q.constant = q.constant.wrapping_mul(*c);
+                for t in &mut q.terms {
+                    t.1 = t.1.wrapping_mul(*c);
+                }
+                for a in &mut q.atoms {
+                    a.0 = a.0.wrapping_mul(*c);
+                }
+                q
+            }
+            Expr::Div(a, d) | Expr::Mod(a, d) => QuasiAffine {
+                atoms: vec![(1, QuasiAffine::of(a), *d, matches!(e, Expr::Mod(..)))],
+                ..Default::default()
+            },
+        }
+    }
+
+    fn eval(&self, vals: &[i64]) -> i64 {
+        let mut x = self.constant;
+        for &(v, c) in &self.terms {
+            x = x.wrapping_add(vals[v].wrapping_mul(c));
+        }
+        for (c, a, d, remainder) in &self.atoms {
+            let n = a.eval(vals);
+            let y = if *remainder {
+                n.rem_euclid(*d)
+            } else {
+                n.div_euclid(*d)
+            };
+            x = x.wrapping_add(y.wrapping_mul(*c));
+        }
+        x
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use tessel_ir::LoopVar;
+
+    use super::*;
+
+    const VARS: usize = 4;
+
+    /// Index expressions as schedules make them: sums of scaled loop variables, floor
+    /// divisions and remainders of those, nested.
+    fn expr() -> impl Strategy<Value = Expr> {
+        let leaf = prop_oneof![
+            (0..VARS).prop_map(Expr::Var),
+            (-3i64..8).prop_map(Expr::Const),
+        ];
+        leaf.prop_recursive(4, 24, 2, |inner| {
+            prop_oneof![
+                (inner.clone(), inner.clone()).prop_map(|(a, b)| Expr::Add(a.into(), b.into())),
+                (inner.clone(), -4i64..9).prop_map(|(a, c)| Expr::Mul(a.into(), c)),
+                (inner.clone(), 1i64..9).prop_map(|(a, d)| Expr::Div(a.into(), d)),
+                (inner, 1i64..9).prop_map(|(a, d)| Expr::Mod(a.into(), d)),
+            ]
+        })
+    }
+
+    fn vars(extents: &[u64]) -> Vec<LoopVar> {
+        extents
+            .iter()
+            .enumerate()
+            .map(|(i, &extent)| LoopVar {
+                name: format!("v{i}"),
+                extent,
+            })
+            .collect()
+    }
+
+    /// The dividends' remainders at `vals`, the key a tile's offsets depend on.
+    fn remainders(q: &QuasiAffine, vals: &[i64]) -> Vec<i64> {
+        q.atoms
+            .iter()
+            .map(|a| a.1.eval(vals).rem_euclid(a.2))
+            .collect()
+    }
+
+    proptest! {
+        #[test]
+        fn the_normal_form_evaluates_as_the_expression(
+            e in expr(),
+            vals in proptest::collection::vec(-20i64..50, VARS),
+        ) {
+            prop_assert_eq!(QuasiAffine::of(&e).eval(&vals), e.eval(&vals));
+        }
+
+        #[test]
+        fn reachable_remainders_are_those_of_every_combination(
+            e in expr(),
+            extents in proptest::collection::vec(1u64..7, VARS),
+            entangled_mask in proptest::collection::vec(any::<bool>(), VARS),
+        ) {
+            let q = QuasiAffine::of(&e);
+            let entangled: Vec<usize> = (0..VARS).filter(|&v| entangled_mask[v]).collect();
+            let Some(found) = reachable_remainders(&q, &entangled, &vars(&extents), VARS) else {
+                // Only nested divisions (or none of the forms it follows) are left to be tried.
+                prop_assert!(q.atoms.iter().any(|a| !a.1.atoms.is_empty()));
+                return Ok(());
+            };
+            // Every combination, the other loops at 0.
+            let mut all = HashSet::new();
+            let combos: u64 = entangled.iter().map(|&v| extents[v]).product();
+            for c in 0..combos {
+                let mut vals = vec![0i64; VARS];
+                let mut rest = c;
+                for &v in &entangled {
+                    vals[v] = (rest % extents[v]) as i64;
+                    rest /= extents[v];
+                }
+                all.insert(remainders(&q, &vals));
+            }
+            let mut reached = HashSet::new();
+            for vals in &found {
+                // Representatives are combinations: in range, the other loops at 0.
+                for v in 0..VARS {
+                    prop_assert!(vals[v] >= 0 && (vals[v] as u64) < extents[v]);
+                    prop_assert!(entangled.contains(&v) || vals[v] == 0);
+                }
+                prop_assert!(reached.insert(remainders(&q, vals)), "one representative per set");
+            }
+            prop_assert_eq!(reached, all);
+        }
     }
 }
