@@ -241,9 +241,8 @@ fn an_innermost_reduction_strided_or_short_loop_stays_scalar() {
     assert_eq!(update_kind(&t, &avx2()), (1.0, 1.0, 17.0));
 }
 
-#[test]
-fn utilisation_of_a_padded_mapping() {
-    // n = 20 on an 8-wide instruction: three tiles, 20 of 24 columns useful.
+/// The matcher's mapping of a 4x20x3 GEMM onto the 8-wide FMA: n padded to 24.
+fn padded_mapping() -> Program {
     let op = "gemm:m=4,n=20,k=3,dtype=f32"
         .parse::<Workload>()
         .unwrap()
@@ -251,7 +250,13 @@ fn utilisation_of_a_padded_mapping() {
     let catalog = Catalog::default();
     let intr = catalog.get("avx2.vfmadd231ps").unwrap();
     let mapping = match_op(&op, intr).unwrap().into_iter().next().unwrap();
-    let p = program("gemm:m=4,n=20,k=3,dtype=f32", &mapping.to_trace(intr));
+    program("gemm:m=4,n=20,k=3,dtype=f32", &mapping.to_trace(intr))
+}
+
+#[test]
+fn utilisation_of_a_padded_mapping() {
+    // n = 20 on an 8-wide instruction: three tiles, 20 of 24 columns useful.
+    let p = padded_mapping();
     let f = extract(&p, &avx2()).unwrap();
     let call = (0..f.len())
         .find(|&i| f.get(i, Col::ComputeTensorized) == 1.0)
@@ -290,15 +295,8 @@ impl CodePaths for Answers {
 
 #[test]
 fn a_call_says_how_the_backend_emits_it_where_the_target_knows() {
-    // The padded mapping above: 4 x 3 x 3 calls.
-    let op = "gemm:m=4,n=20,k=3,dtype=f32"
-        .parse::<Workload>()
-        .unwrap()
-        .to_op();
-    let catalog = Catalog::default();
-    let intr = catalog.get("avx2.vfmadd231ps").unwrap();
-    let mapping = match_op(&op, intr).unwrap().into_iter().next().unwrap();
-    let p = program("gemm:m=4,n=20,k=3,dtype=f32", &mapping.to_trace(intr));
+    // The padded mapping: 4 x 3 x 3 calls.
+    let p = padded_mapping();
     let flags = |target: Target| {
         let f = extract(&p, &target).unwrap();
         let call = (0..f.len())
