@@ -767,21 +767,6 @@ fn compute_token(
 ) {
     let set = |t: &mut [f32; WIDTH], c: Col, v: f32| t[c as usize] = v;
     set(t, Col::KindCompute, 1.0);
-    if let (Some((call, _)), Some(paths)) = (site.call, paths) {
-        match paths.get(&call.step) {
-            Some(CallPath::RegisterBlock) => set(t, Col::ComputePathRegisterBlock, 1.0),
-            Some(CallPath::Direct) => set(t, Col::ComputePathDirect, 1.0),
-            Some(CallPath::Staged { elements }) => {
-                set(t, Col::ComputePathStaged, 1.0);
-                set(
-                    t,
-                    Col::ComputeStagedCopies,
-                    lg(*elements as f64 * site.invocations()),
-                );
-            }
-            None => {}
-        }
-    }
     let kind_col = match site.kind {
         SiteKind::Tensorized => Col::ComputeTensorized,
         SiteKind::Vector => Col::ComputeVector,
@@ -791,6 +776,21 @@ fn compute_token(
     };
     set(t, kind_col, 1.0);
     let invocations = site.invocations();
+    if let (Some((call, _)), Some(paths)) = (site.call, paths) {
+        match paths.get(&call.step) {
+            Some(CallPath::RegisterBlock) => set(t, Col::ComputePathRegisterBlock, 1.0),
+            Some(CallPath::Direct) => set(t, Col::ComputePathDirect, 1.0),
+            Some(CallPath::Staged { elements }) => {
+                set(t, Col::ComputePathStaged, 1.0);
+                set(
+                    t,
+                    Col::ComputeStagedCopies,
+                    lg(*elements as f64 * invocations),
+                );
+            }
+            None => {}
+        }
+    }
     let input_bytes = |a: usize| {
         site.accesses
             .get(a)

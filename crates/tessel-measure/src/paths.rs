@@ -16,7 +16,6 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use serde::Serialize;
 use tessel_ir::Program;
@@ -50,10 +49,4 @@ pub trait CodePaths: Send + Sync {
     /// The path of every tensorized call of `program`. An error (the backend cannot build
     /// the program) says why; the features then leave the paths unknown.
     fn call_paths(&self, program: &Program) -> Result<CallPaths, String>;
-}
-
-impl fmt::Debug for dyn CodePaths {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("CodePaths")
-    }
 }
