@@ -706,6 +706,11 @@ pub fn held_out(r: &tessel::HeldOutReport) {
         r.test_tasks
     );
     mix("ensemble", &r.ensemble_mix);
+    if r.trees_refit {
+        println!(
+            "ensemble: its trees then fitted again on every training task (--refit-trees), the early-stopping tasks included"
+        );
+    }
     // One line: the network, its tasks, then a 17-wide cell per ranker.
     let line = |network: &str, tasks: &str, cells: &[String]| {
         let cells: Vec<String> = cells.iter().map(|c| format!("{c:>17}")).collect();

@@ -347,6 +347,28 @@ impl Model {
         Ok(choice)
     }
 
+    /// Fits the ensemble's trees again on `data` with the recipe and the mix they have, the
+    /// network as it is now: once the mix was chosen on validation tasks
+    /// ([`Model::fit_companions_judged`]), the trees may learn from those tasks too, as a grid
+    /// search refits on all its data. Figures measured on those tasks no longer judge the
+    /// trees afterwards. An error where the model has no trees, or they have corrections
+    /// (fitted on other data, they would not match the new trees).
+    pub fn refit_companions(&mut self, data: &Dataset, seed: u64) -> Result<(), ModelError> {
+        let Some(old) = self.companions.clone() else {
+            return Err(ModelError::Data("no trees to fit again".into()));
+        };
+        if !old.corrections.is_empty() {
+            return Err(ModelError::Data(
+                "trees with corrections cannot be fitted again".into(),
+            ));
+        }
+        let scores = self.predict(&train::sample_tokens(data));
+        let mut companions = Companions::fit_with(data, &scores, seed, &old.recipe)?;
+        companions.weights = old.weights;
+        self.companions = Some(std::sync::Arc::new(companions));
+        Ok(())
+    }
+
     /// The scores a search ranks by: the network's ([`Model::predict`]) plus, where the model
     /// ships with companions, the trees' (`ensemble`). Only scores of one task's
     /// candidates compare.

@@ -600,6 +600,32 @@ fn the_ensemble_ships_beside_the_model_and_ranks_what_the_network_alone_cannot()
 }
 
 #[test]
+fn trees_fitted_again_on_every_task_keep_their_mix_and_recipe() {
+    let all = synthetic(10, 30, 23);
+    let (train_set, val_set) = (all.subset(&[0, 1, 2, 3, 4, 5]), all.subset(&[6, 7, 8, 9]));
+    let mut model = Model::new(small_config(), 3).unwrap();
+    // Without trees there is nothing to fit again.
+    let e = model.refit_companions(&all, 1).unwrap_err();
+    assert!(e.to_string().contains("no trees"), "{e}");
+    model
+        .fit_companions_judged(&train_set, &val_set, 1, &Default::default())
+        .unwrap();
+    let before = model.companions.clone().unwrap();
+    assert_eq!((before.records, before.tasks), (180, 6));
+    model.refit_companions(&all, 1).unwrap();
+    let after = model.companions.clone().unwrap();
+    // The validation tasks now count too; the mix chosen on them and the recipe stay.
+    assert_eq!((after.records, after.tasks), (300, 10));
+    assert_eq!(after.weights, before.weights);
+    assert_eq!(after.recipe, before.recipe);
+    // New trees, so new scores: a record of a validation task ranks differently.
+    let tokens: Vec<&[f32]> = val_set.samples.iter().map(|s| &s.tokens[..]).collect();
+    let mut old = model.duplicate().unwrap();
+    old.companions = Some(before);
+    assert_ne!(model.predict_ranking(&tokens), old.predict_ranking(&tokens));
+}
+
+#[test]
 fn the_mix_is_chosen_on_validation_tasks_and_saved_with_the_trees() {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("model-ensemble-mix");
     let (train_set, val_set) = (synthetic(6, 40, 21), synthetic(4, 30, 22));

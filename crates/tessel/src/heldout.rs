@@ -66,6 +66,10 @@ pub struct HeldOutOptions {
     /// The trees baseline keeps the default recipe (TenSet's: regression).
     #[cfg_attr(feature = "clap", arg(long, default_value_t = TreeRecipe::ensemble()))]
     pub trees: TreeRecipe,
+    /// Once the mix is chosen on the early-stopping tasks, fit the ensemble's trees again on
+    /// every training task, those included (`pretrain` ships trees fitted without them).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub refit_trees: bool,
 }
 
 impl HeldOutOptions {
@@ -81,6 +85,7 @@ impl HeldOutOptions {
             seed: 1,
             no_ablation: false,
             trees: TreeRecipe::ensemble(),
+            refit_trees: false,
         }
     }
 }
@@ -169,6 +174,9 @@ pub struct HeldOutReport {
     pub ablation_best_epoch: Option<usize>,
     /// The ensemble's mix of network and trees, chosen on the model's validation tasks.
     pub ensemble_mix: MixChoice,
+    /// Whether the ensemble's trees were fitted again on every training task once the mix
+    /// was chosen (`--refit-trees`).
+    pub trees_refit: bool,
 }
 
 /// Trains on every task outside the test networks, ranks each test network's tasks.
@@ -248,6 +256,9 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
         o.seed,
         &o.trees,
     )?;
+    if o.refit_trees {
+        model.refit_companions(&train_set, o.seed)?;
+    }
     // The trees baseline sees every training task.
     let gbt = gbt_rank(&train_set, &test_set, o.seed);
     let ridge = ridge_rank(&train_set, &test_set);
@@ -323,6 +334,7 @@ pub fn held_out(o: &HeldOutOptions, progress: &mut dyn Progress) -> Result<HeldO
         best_epoch,
         ablation_best_epoch,
         ensemble_mix: mix,
+        trees_refit: o.refit_trees,
     })
 }
 

@@ -889,6 +889,19 @@ fn held_out_networks_are_never_trained_on_and_are_scored_per_network() {
     assert!((p.best_s / p.trees_s - n.scores.gbt.top1).abs() < 1e-9);
     let lost = p.ensemble_s > p.best_s;
     assert_eq!(p.loss_share, if lost { 1.0 } else { 0.0 }, "{p:?}");
+    assert!(!r.trees_refit);
+    // With the trees fitted again on every training task the report says so.
+    let refit = tessel::held_out(
+        &HeldOutOptions {
+            refit_trees: true,
+            no_ablation: true,
+            ..o.clone()
+        },
+        &mut NoProgress,
+    )
+    .unwrap();
+    assert!(refit.trees_refit);
+    assert_eq!(refit.networks[0].scores.model, n.scores.model);
     // A test network without records, an unknown one, and data that is all test: errors.
     for (nets, why) in [
         (
