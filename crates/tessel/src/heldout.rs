@@ -106,7 +106,8 @@ pub struct Scores {
     pub roofline: Metrics,
     /// The model as `pretrain` ships it: the network plus trees fitted on the network's
     /// training tasks, each divided by its within-task spread on them and weighted by the
-    /// mix chosen on its early-stopping tasks (`tessel_model::ensemble`).
+    /// mix chosen on its early-stopping tasks (`tessel_model::ensemble`); with
+    /// `--refit-trees`, the trees then fitted again on every training task.
     pub ensemble: Metrics,
     /// A random ranking.
     pub random: Metrics,
