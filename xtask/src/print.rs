@@ -539,7 +539,7 @@ pub fn transfer(r: &TransferReport) {
                 v.validation_records, v.validation_tasks, v.validation_pairs, v.fit_records
             );
             println!(
-                "                               criterion  top-1  pairwise  gain over as it came"
+                "                               criterion  top-1  pairwise  by network: top-1  top-5  gain over as it came"
             );
             for (name, s) in v.candidates() {
                 match s {
@@ -547,8 +547,19 @@ pub fn transfer(r: &TransferReport) {
                         let gain = s.gain.map_or(String::from("(as it came)"), |g| {
                             format!("{:+.3} ({:+.1} s.e.)", g.mean, g.z())
                         });
+                        let gain = match s.network_gain {
+                            Some(g) => {
+                                format!("{gain}; by network {:+.3} ({:+.1} s.e.)", g.mean, g.z())
+                            }
+                            None => gain,
+                        };
+                        let by_network = s
+                            .by_network
+                            .map_or(format!("{:>19}  {:>5}", "-", "-"), |m| {
+                                format!("{:>19.3}  {:.3}", m.top1, m.top5)
+                            });
                         println!(
-                            "  {name:<28} {:>9.3}  {:.3}  {:>8.3}  {gain}",
+                            "  {name:<28} {:>9.3}  {:.3}  {:>8.3}  {by_network}  {gain}",
                             s.criterion, s.metrics.top1, s.metrics.pairwise_accuracy
                         )
                     }
@@ -559,9 +570,18 @@ pub fn transfer(r: &TransferReport) {
                 "  (criterion: the mean of the per-task top-1 and top-5 ratios and the pairwise accuracy;"
             );
             println!(
-                "   gain: task by task, in standard errors; a candidate must lead by {} to be kept)",
+                "   gain: task by task, in standard errors; a candidate must lead by {} to be kept,",
                 tessel::TRANSFER_MIN_GAIN_Z
             );
+            if v.networks.is_empty() {
+                println!("   the validation tasks fall in no network the data holds whole)");
+            } else {
+                println!(
+                    "   nor lag it on top-1 by network by {} standard errors (network by network); networks: {})",
+                    tessel::TRANSFER_MAX_NETWORK_LOSS_Z,
+                    v.networks.join(", ")
+                );
+            }
             if v.validation_pairs < tessel::MIN_VALIDATION_PAIRS {
                 println!(
                     "  (under {} pairs: too little to leave the pretrained model on)",
