@@ -570,14 +570,16 @@ pub fn transfer(r: &TransferReport) {
                 "  (criterion: the mean of the per-task top-1 and top-5 ratios and the pairwise accuracy;"
             );
             println!(
-                "   gain: task by task, in standard errors; a candidate must lead by {} to be kept,",
+                "   gain: task by task, in standard errors; a candidate must lead by {} to be kept",
                 tessel::TRANSFER_MIN_GAIN_Z
             );
             if v.networks.is_empty() {
-                println!("   the validation tasks fall in no network the data holds whole)");
+                println!(
+                    "   nothing by network: no validation task falls in a network the data holds whole)"
+                );
             } else {
                 println!(
-                    "   nor lag it on top-1 by network by {} standard errors (network by network); networks: {})",
+                    "   and must not lag on top-1 by network by {} standard error or more, network by network; networks: {})",
                     tessel::TRANSFER_MAX_NETWORK_LOSS_Z,
                     v.networks.join(", ")
                 );

@@ -13,9 +13,12 @@ use tessel_search::{TuningRecord, read_log, supersede_by};
 use crate::error::{Context, Result, bail};
 use crate::progress::Progress;
 
-/// Every record of a dataset file. A missing file, or a corrupt line inside it, is an error
-/// naming the file and line and saying how to repair it; a corrupt *last* line (a writer
-/// killed mid-line, or a full disk) is skipped with a note, as the tuner's readers do.
+/// Every record of a dataset file, in file order, superseded ones included: a schedule
+/// measured again (`remeasure`) appears once per measurement and only the latest counts
+/// (`tessel::search::supersede` keeps it, as [`load`] does). A missing file, or a corrupt
+/// line inside it, is an error naming the file and line and saying how to repair it; a
+/// corrupt *last* line (a writer killed mid-line, or a full disk) is skipped with a note, as
+/// the tuner's readers do.
 pub fn strict_read(path: &Path, progress: &mut dyn Progress) -> Result<Vec<TuningRecord>> {
     if !path.exists() {
         bail!("{}: no such dataset file", path.display());
