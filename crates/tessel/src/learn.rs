@@ -546,7 +546,7 @@ impl TransferValidation {
         }
     }
 
-    /// Fills each candidate's `gain` over the model as it came.
+    /// Fills each candidate's `gain` and `network_gain` over the model as it came.
     fn with_gains(mut self, has_trees: bool) -> TransferValidation {
         let (name, incumbent) = self.as_it_came(has_trees);
         let (incumbent, incumbent_networks) =
