@@ -4,7 +4,10 @@
 //! Data movement follows the classic capacity model: for a statement and a cache level, find the
 //! outermost enclosing loop whose body's working set (the footprint of every access of the
 //! statement over the loops inside it) fits the level; each access then brings its footprint
-//! at that loop into the level once per iteration of the loops outside it.
+//! at that loop into the level once per iteration of the loops outside it. An access the next
+//! loop out does not index is held across that loop too, since one of its iterations fits
+//! (schema v4): an accumulator across the reduction loop around its block, weights across a
+//! spatial loop.
 
 use tessel_intrin::{Intrinsic, LayoutReq, Storage};
 use tessel_ir::{
@@ -541,9 +544,16 @@ fn account_traffic(
         while fit > 0 && working(fit - 1) <= cap {
             fit -= 1;
         }
-        let outer: f64 = site.loops[..fit].iter().map(|l| l.extent as f64).product();
         let ratio = working(fit) / cap;
         for (a, acc) in site.accesses.iter().enumerate() {
+            // Data a loop outside `fit` does not index stays at this level across that loop's
+            // iterations while one iteration's working set fits: an accumulator across the
+            // reduction loops that enclose its block, weights across the spatial ones.
+            let mut fit = fit;
+            while fit > 0 && fp(a, fit - 1) == fp(a, fit) && working(fit) <= cap {
+                fit -= 1;
+            }
+            let outer: f64 = site.loops[..fit].iter().map(|l| l.extent as f64).product();
             let bytes = fp(a, fit) * elem(a) * outer;
             let accessed = total_instances * elem(a);
             let tr = data[acc.buffer][li].get_or_insert_with(Traffic::default);

@@ -13,8 +13,11 @@ use serde::Serialize;
 /// innermost loop that does the work (`extract::vector_loop`). Version 3 (2026-12-07): a
 /// tensorized call's compute token says how the backend emits it (register block, direct or
 /// staged call) and how many elements staging copies, where the target knows its backend
-/// ([`crate::Target::with_code_paths`]).
-pub const SCHEMA_VERSION: u32 = 3;
+/// ([`crate::Target::with_code_paths`]). Version 4 (2026-12-07): data a loop does not
+/// index stays at a level across that loop while one of its iterations fits there (an
+/// accumulator across the reduction loops around its block, weights across spatial loops);
+/// the data tokens' traffic and reuse change, no column does.
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// One column of the schema.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
