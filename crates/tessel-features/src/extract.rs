@@ -546,9 +546,10 @@ fn account_traffic(
         }
         let ratio = working(fit) / cap;
         for (a, acc) in site.accesses.iter().enumerate() {
-            // Data a loop outside `fit` does not index stays at this level across that loop's
-            // iterations while one iteration's working set fits: an accumulator across the
-            // reduction loops that enclose its block, weights across the spatial ones.
+            // Data the next loop out does not index stays at this level across that loop's
+            // iterations, since one iteration's working set fits: an accumulator across the
+            // reduction loop around its block, weights across a spatial one. One loop at most:
+            // an iteration of the loop beyond it is the whole of that loop, which does not fit.
             let mut fit = fit;
             while fit > 0 && fp(a, fit - 1) == fp(a, fit) && working(fit) <= cap {
                 fit -= 1;

@@ -13,10 +13,10 @@ use serde::Serialize;
 /// innermost loop that does the work (`extract::vector_loop`). Version 3 (2026-12-07): a
 /// tensorized call's compute token says how the backend emits it (register block, direct or
 /// staged call) and how many elements staging copies, where the target knows its backend
-/// ([`crate::Target::with_code_paths`]). Version 4 (2026-12-07): data a loop does not
-/// index stays at a level across that loop while one of its iterations fits there (an
-/// accumulator across the reduction loops around its block, weights across spatial loops);
-/// the data tokens' traffic and reuse change, no column does.
+/// ([`crate::Target::with_code_paths`]). Version 4 (2026-12-07): data the loop just outside
+/// a level's fitting block does not index stays at that level across it, one of its
+/// iterations fitting there (an accumulator across the reduction loop around its block,
+/// weights across a spatial loop); the data tokens' traffic and reuse change, no column does.
 pub const SCHEMA_VERSION: u32 = 4;
 
 /// One column of the schema.
