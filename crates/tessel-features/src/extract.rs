@@ -544,16 +544,15 @@ fn account_traffic(
         while fit > 0 && working(fit - 1) <= cap {
             fit -= 1;
         }
-        let ratio = working(fit) / cap;
+        let block = working(fit);
+        let ratio = block / cap;
         for (a, acc) in site.accesses.iter().enumerate() {
             // Data the next loop out does not index stays at this level across that loop's
             // iterations, since one iteration's working set fits: an accumulator across the
             // reduction loop around its block, weights across a spatial one. One loop at most:
             // an iteration of the loop beyond it is the whole of that loop, which does not fit.
-            let mut fit = fit;
-            while fit > 0 && fp(a, fit - 1) == fp(a, fit) && working(fit) <= cap {
-                fit -= 1;
-            }
+            let held = fit > 0 && block <= cap && fp(a, fit - 1) == fp(a, fit);
+            let fit = if held { fit - 1 } else { fit };
             let outer: f64 = site.loops[..fit].iter().map(|l| l.extent as f64).product();
             let bytes = fp(a, fit) * elem(a) * outer;
             let accessed = total_instances * elem(a);
