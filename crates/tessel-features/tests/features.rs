@@ -153,6 +153,38 @@ fn bytes_moved_and_footprints_of_a_known_tiling() {
     assert!(f.data(c, MemoryLevel::Register).is_none());
 }
 
+/// Schema v4 holds an access across the next loop out only. Holding it across every loop
+/// around the block that does not index it (the reuse distance: one block between two uses)
+/// was measured as schema v5 and not adopted: on the held-out protocol it cost the ensemble
+/// 0.03 and 0.01 top-1 on seeds 1 and 2 (README, the held-out section). This pins the choice.
+#[test]
+fn an_accumulator_is_held_across_the_next_reduction_loop_only() {
+    // for m.0, n.0 (8x8): for k.0 (8): for k.1 (8): for m.1, n.1 (8x8): acc += A * B
+    let mut t = Trace::new();
+    t.split("m", &[8])
+        .split("n", &[8])
+        .split("k", &[8])
+        .reorder(&["m.0", "n.0", "k.0", "k.1", "m.1", "n.1"]);
+    let p = program("gemm:m=64,n=64,k=64,dtype=f32", &t);
+    let f = extract(&p, &avx2()).unwrap();
+    let (a, acc) = (
+        buffer(&p, BufferRole::Input(0)),
+        buffer(&p, BufferRole::Accumulator),
+    );
+    // The m.1 x n.1 block fits the 512 B of registers; k.1 around it does not (A and B 8x8,
+    // acc 8x8 floats: 768 B). The accumulator is held across k.1 and goes out once per k.0
+    // iteration of each m.0 x n.0 block.
+    assert_eq!(
+        col(&f, acc, MemoryLevel::Register, Col::DataBytesOut),
+        lg(64.0 * 4.0 * 8.0 * 8.0 * 8.0)
+    );
+    // A is indexed by both k loops: reloaded for each of 8*8*8*8 iterations.
+    assert_eq!(
+        col(&f, a, MemoryLevel::Register, Col::DataBytesIn),
+        lg(8.0 * 4.0 * 8.0 * 8.0 * 64.0)
+    );
+}
+
 #[test]
 fn compute_tokens_describe_the_loop_context() {
     let mut t = Trace::new();
