@@ -584,6 +584,9 @@ pub fn transfer(r: &TransferReport) {
                     v.networks.join(", ")
                 );
             }
+            println!(
+                "  (of the candidates that pass, the surest lead is kept: the most standard errors, then the criterion)"
+            );
             if v.validation_pairs < tessel::MIN_VALIDATION_PAIRS {
                 println!(
                     "  (under {} pairs: too little to leave the pretrained model on)",
