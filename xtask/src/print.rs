@@ -585,7 +585,11 @@ pub fn transfer(r: &TransferReport) {
                 );
             }
             println!(
-                "  (of the candidates that pass, the surest lead is kept: the most standard errors, then the criterion)"
+                "  (of the candidates that pass, the surest lead is kept: the most standard errors, then the criterion;"
+            );
+            println!(
+                "   where none passes, the correction, unless it lags by {} standard error or more task by task, or by network as above)",
+                tessel::TRANSFER_CORRECTION_MAX_LOSS_Z
             );
             if v.validation_pairs < tessel::MIN_VALIDATION_PAIRS {
                 println!(
