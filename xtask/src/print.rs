@@ -588,8 +588,7 @@ pub fn transfer(r: &TransferReport) {
                 "  (of the candidates that pass, the surest lead is kept: the most standard errors, then the criterion;"
             );
             println!(
-                "   where none passes, the correction, unless it lags by {} standard error or more task by task, or by network as above)",
-                tessel::TRANSFER_CORRECTION_MAX_LOSS_Z
+                "   where none passes, the correction if its gain is above 0 task by task and not under 0 by network)"
             );
             if v.validation_pairs < tessel::MIN_VALIDATION_PAIRS {
                 println!(

@@ -880,20 +880,6 @@ pub const TRANSFER_MIN_GAIN_Z: f64 = 2.0;
 /// networks under the model as it came on top-1 (0.774 against 0.778).
 pub const TRANSFER_MAX_NETWORK_LOSS_Z: f64 = 1.0;
 
-/// How many standard errors (task by task) the correction of the carried trees may lag the
-/// model as it came on the shots' validation tasks and still be kept where no candidate
-/// leads (`choose_transfer`). The correction (20 trees of depth 2 at a rate of 0.1, fitted on
-/// what the carried ensemble gets wrong on the shots) moves the ranking little, and on the
-/// test networks it ranked above the model as it came, top-1 by network, in 29 of the 30
-/// transfers of f32 FMA to int8 with 128 shots or more that the bench files hold (schemas
-/// v1 to v4, seeds 1-3, `fixtures/bench/transfer-by-network-schema-v2-2026-12-07.txt`,
-/// `transfer-network-guard-2026-12-07.txt`, `transfer-schema-v4-2026-12-07.txt`; the one
-/// under it, all the data at seed 2 under v3, by 0.051). Its
-/// validation figures (two folds, each fitted on half the shots' tasks) lag its test gain:
-/// with 128 shots at seeds 2 and 3 under v4 it led the validation by +0.5 and -0.7
-/// standard errors and the test networks by +0.175 and +0.072 top-1 by network.
-pub const TRANSFER_CORRECTION_MAX_LOSS_Z: f64 = 1.0;
-
 /// Which model a transfer keeps. What was there stays unless another candidate beats it on
 /// the shots' validation tasks, by more than their noise: the pretrained model as it came,
 /// with its own trees where it has them (`has_trees`: what `tune` would rank by without a
@@ -907,9 +893,8 @@ pub const TRANSFER_CORRECTION_MAX_LOSS_Z: f64 = 1.0;
 /// is end below the model as it came, and with 512 int8 shots (seed 1) the largest lead
 /// (+0.044, +2.3 standard errors) ranked the test networks under it where the surest
 /// (+0.039, +3.3) ranked them above. Where none passes, the correction of the carried
-/// trees (`pretrained+trees+correction`) unless it lags the model as it came by
-/// [`TRANSFER_CORRECTION_MAX_LOSS_Z`] standard errors task by task or more, or by
-/// [`TRANSFER_MAX_NETWORK_LOSS_Z`] by network. Without validation, or on
+/// trees (`pretrained+trees+correction`) where it is ahead of the model as it came on the
+/// validation at all (`correction_not_behind`). Without validation, or on
 /// fewer than [`MIN_VALIDATION_PAIRS`] pairs or [`MIN_VALIDATION_TASKS`] tasks, what was
 /// there.
 fn choose_transfer(validation: Option<&TransferValidation>, has_trees: bool) -> &'static str {
@@ -948,18 +933,33 @@ fn choose_transfer(validation: Option<&TransferValidation>, has_trees: bool) -> 
     if let Some((name, _, _)) = best {
         return name;
     }
-    // Nothing leads far enough: the correction, unless the shots say it is worse than the
-    // model as it came.
+    // Nothing leads far enough: the correction, where it is ahead of the model as it came
+    // task by task and not behind it by network, however little (`correction_not_behind`).
     match &v.pretrained_corrected {
-        Some(c)
-            if c.gain
-                .is_some_and(|g| g.z() > -TRANSFER_CORRECTION_MAX_LOSS_Z)
-                && c.not_behind_by_network() =>
-        {
-            "pretrained+trees+correction"
-        }
+        Some(c) if correction_not_behind(c) => "pretrained+trees+correction",
         _ => incumbent_name,
     }
+}
+
+/// Whether the correction of the carried trees may be kept where no candidate leads by
+/// [`TRANSFER_MIN_GAIN_Z`]: its mean gain over the model as it came on the shots' validation
+/// tasks is above 0 task by task and not under 0 by network (where there are networks). No
+/// standard errors: a correction within the noise is kept on this evidence alone.
+///
+/// Why it needs less than the other candidates: the correction (20 trees of depth 2 at a
+/// rate of 0.1, fitted on what the carried ensemble gets wrong on the shots) moves the
+/// ranking little, and its validation (two folds, each fitted on half the shots' tasks)
+/// lags its test gain. Of f32 FMA to int8 with 128 shots or more it ranked the test networks
+/// above the model as it came, top-1 by network, in 29 of the 30 transfers of the model-167
+/// guest (schemas v1 to v4, `fixtures/bench/transfer-by-network-schema-v2-2026-12-07.txt`,
+/// `transfer-network-guard-2026-12-07.txt`, `transfer-schema-v4-2026-12-07.txt`); with 128
+/// shots at seeds 2 and 3 under v4 it led the validation by +0.5 and -0.7 standard errors
+/// and the test networks by +0.175 and +0.072. Why not behind at all: on the Zen 4 guest
+/// (`transfer-correction-fallback-2026-12-08.txt`) with 512 shots at seed 3 it was level
+/// task by task (+0.000) and lagged by network by just under a standard error, and then
+/// ranked the test networks 0.070 under the model as it came.
+fn correction_not_behind(c: &TransferScore) -> bool {
+    c.gain.is_some_and(|g| g.mean > 0.0) && c.network_gain.is_none_or(|g| g.mean >= 0.0)
 }
 
 /// The candidates on the shots' tasks, by two-fold cross-validation: the tasks (of at least
@@ -1528,12 +1528,11 @@ mod tests {
         };
         assert_eq!(choose(&corrected(0.85)), "pretrained+trees+correction");
         assert_eq!(choose(&corrected(0.78)), "pretrained+trees");
-        // Level with the model as it came, and nothing else leading: the correction.
-        assert_eq!(choose(&corrected(0.8)), "pretrained+trees+correction");
+        assert_eq!(choose(&corrected(0.8)), "pretrained+trees");
     }
 
     #[test]
-    fn where_nothing_leads_a_transfer_keeps_the_correction_unless_the_shots_say_it_is_worse() {
+    fn where_nothing_leads_a_transfer_keeps_the_correction_if_it_is_ahead_at_all() {
         // The K=128 cases: two folds of 16 tasks, where no candidate leads by 2 standard
         // errors. Per-task criteria that wander around the model as it came's.
         let around = |base: f64, shift: f64| TransferScore {
@@ -1549,31 +1548,36 @@ mod tests {
             fine_tuned_pretrained_trees: Some(score(0.5)),
             ..validation(0.5, fine, None, 0.5)
         };
-        // A little behind, within a standard error: kept.
-        let slightly_behind = around(0.8, -0.005);
-        let z = v(slightly_behind.clone(), 0.5)
+        // Ahead within the noise: kept, where any other candidate would not be.
+        let slightly_ahead = around(0.8, 0.005);
+        let z = v(slightly_ahead.clone(), 0.5)
             .with_gains(true)
             .pretrained_corrected
             .and_then(|s| s.gain)
             .map(|g| g.z())
             .unwrap();
-        assert!(-TRANSFER_CORRECTION_MAX_LOSS_Z < z && z < 0.0, "{z}");
+        assert!(0.0 < z && z < TRANSFER_MIN_GAIN_Z, "{z}");
         assert_eq!(
-            chosen(&v(slightly_behind.clone(), 0.5), true),
+            chosen(&v(slightly_ahead.clone(), 0.5), true),
             "pretrained+trees+correction"
         );
-        // Behind by more: the model as it came.
+        let fine_as_lucky = TransferValidation {
+            fine_tuned: around(0.8, 0.005),
+            ..v(around(0.8, -0.005), 0.5)
+        };
+        assert_eq!(chosen(&fine_as_lucky, true), "pretrained+trees");
+        // Behind, however little: the model as it came.
         assert_eq!(
-            chosen(&v(around(0.8, -0.03), 0.5), true),
+            chosen(&v(around(0.8, -0.005), 0.5), true),
             "pretrained+trees"
         );
         // A candidate that passes still wins over it.
-        assert_eq!(chosen(&v(slightly_behind.clone(), 0.9), true), "fine-tuned");
-        // So does the by-network guard: a correction behind on every network is refused.
+        assert_eq!(chosen(&v(slightly_ahead.clone(), 0.9), true), "fine-tuned");
+        // Ahead task by task but behind by network (the Zen 4 guest's seed 3 at K=512): refused.
         let networks = ["resnet50", "bert-base-128", "vit-b16"]
             .map(String::from)
             .to_vec();
-        let by_network = |c: TransferScore, top1: [f64; 3]| TransferValidation {
+        let by_network = |top1: [f64; 3]| TransferValidation {
             networks: networks.clone(),
             pretrained_trees: Some(TransferScore {
                 network_top1: vec![0.8, 0.7, 0.9],
@@ -1581,19 +1585,16 @@ mod tests {
             }),
             pretrained_corrected: Some(TransferScore {
                 network_top1: top1.to_vec(),
-                ..c
+                ..slightly_ahead.clone()
             }),
-            ..v(slightly_behind.clone(), 0.5)
+            ..v(slightly_ahead.clone(), 0.5)
         };
         assert_eq!(
-            chosen(&by_network(slightly_behind.clone(), [0.6, 0.5, 0.7]), true),
+            chosen(&by_network([0.9, 0.5, 0.95]), true),
             "pretrained+trees"
         );
         assert_eq!(
-            chosen(
-                &by_network(slightly_behind.clone(), [0.85, 0.6, 0.95]),
-                true
-            ),
+            chosen(&by_network([0.85, 0.65, 0.95]), true),
             "pretrained+trees+correction"
         );
         // On too few validation tasks, what was there, correction or not.

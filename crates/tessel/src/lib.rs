@@ -77,9 +77,8 @@ pub use heldout::{
 pub use learn::{
     Against, Architecture, DEFAULT_SHOTS_PER_TASK, EvalOptions, EvalReport, HELD_OUT_NETWORKS,
     MIN_VALIDATION_PAIRS, MIN_VALIDATION_TASKS, PretrainOptions, PretrainReport, SHIPPED_DATASETS,
-    TRANSFER_CORRECTION_MAX_LOSS_Z, TRANSFER_MAX_NETWORK_LOSS_Z, TRANSFER_MIN_GAIN_Z, TaskPick,
-    TransferOptions, TransferReport, VALIDATION_TASKS, eval, load_model, pretrain, read_task_keys,
-    transfer, validation_tasks_of,
+    TRANSFER_MAX_NETWORK_LOSS_Z, TRANSFER_MIN_GAIN_Z, TaskPick, TransferOptions, TransferReport,
+    VALIDATION_TASKS, eval, load_model, pretrain, read_task_keys, transfer, validation_tasks_of,
 };
 pub use measure::{MeasureOptions, MeasureReport, generated_c, measure, schedule_of};
 pub use progress::{NoProgress, Notes, Progress};
