@@ -1561,6 +1561,7 @@ mod tests {
             chosen(&v(slightly_ahead.clone(), 0.5), true),
             "pretrained+trees+correction"
         );
+        // Another candidate ahead within the noise is no reason to leave the model as it came.
         let fine_as_lucky = TransferValidation {
             fine_tuned: around(0.8, 0.005),
             ..v(around(0.8, -0.005), 0.5)
