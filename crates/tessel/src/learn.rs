@@ -407,7 +407,8 @@ pub struct TransferReport {
     /// What was saved: `pretrained+trees` (the pretrained model with its own trees: as it
     /// came, kept when nothing did better on the shots' own validation tasks), `pretrained`
     /// (its network alone; as it came when it had no trees), `pretrained+trees+correction`
-    /// (with a correction learned on the shots), `fine-tuned`,
+    /// (with a correction learned on the shots: kept where it leads like any other, or
+    /// where nothing does and it is ahead at all), `fine-tuned`,
     /// `fine-tuned+pretrained-trees`, `fine-tuned+ensemble` (saved with the trees fitted on
     /// the shots) or `scratch`.
     pub chosen: String,
